@@ -1,0 +1,27 @@
+"""nbtrain: fast PyTorch training loops you can switch, see and measure from a notebook.
+
+>>> import nbtrain as nt
+>>> run = nt.fit(model, (x, y), loss_fn, config=nt.TrainConfig(epochs=3, amp="bf16"))
+"""
+from __future__ import annotations
+
+from . import datasets
+from .config import ConfigError, TrainConfig
+from .loop import fit
+from .run import Run, TrainingError
+from .schedule import schedule_preview
+
+__version__ = "0.1.0"
+__all__ = ["TrainConfig", "ConfigError", "fit", "Run", "TrainingError", "schedule_preview",
+           "datasets", "data", "load_ipython_extension", "unload_ipython_extension"]
+
+
+def load_ipython_extension(ipython) -> None:
+    """`%load_ext nbtrain`: registers the %%fasttrain cell magic."""
+    from .magic import load_ipython_extension as load
+    load(ipython)
+
+
+def unload_ipython_extension(ipython) -> None:
+    from .magic import unload_ipython_extension as unload
+    unload(ipython)

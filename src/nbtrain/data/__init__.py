@@ -1,0 +1,160 @@
+"""The data path: build the batch source for a run and resolve its "auto" settings."""
+from __future__ import annotations
+
+import os
+from typing import Callable, Dict, Tuple
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from ..config import ConfigError, TrainConfig
+from .batches import (EpochBatchSampler, GivenLoader, LoaderBatches, TensorBatches,
+                      as_tensors, mismatched_sample)
+
+__all__ = ["make_batches", "make_mover", "mismatched_sample", "TensorBatches"]
+
+Resolved = Dict[str, Tuple[object, str]]
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:   # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def make_batches(data, cfg: TrainConfig, device: torch.device, resolved: Resolved):
+    """The batch source for `data`, recording each data-path choice in `resolved`."""
+    if isinstance(data, DataLoader):
+        return _given_loader(data, cfg, resolved)
+    tensors = as_tensors(data)
+    if tensors is not None:
+        return _tensor_source(tensors, cfg, device, resolved)
+    if isinstance(data, Dataset) or (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
+        return _dataset_source(data, cfg, device, resolved)
+    raise TypeError(f"train_data must be a map-style Dataset, an (inputs, targets) pair of "
+                    f"tensors or a DataLoader; got {type(data).__name__}.")
+
+
+def _given_loader(loader: DataLoader, cfg: TrainConfig, resolved: Resolved):
+    why = "from your DataLoader (nbtrain's loader settings do not apply to it)"
+    resolved["num_workers"] = (loader.num_workers, why)
+    resolved["pin_memory"] = (loader.pin_memory, why)
+    resolved["batch_size"] = (loader.batch_size, why)
+    resolved["batched_fetch"] = (False, why)
+    resolved["data_on_device"] = (False, why)
+    return GivenLoader(loader)
+
+
+def _tensor_source(tensors, cfg: TrainConfig, device, resolved: Resolved):
+    workers = cfg.num_workers
+    if cfg.batched_fetch is True and workers not in ("auto", 0):
+        raise ConfigError(f"TrainConfig.batched_fetch=True with num_workers={workers} is not "
+                          "allowed: batched fetch serves tensors from the main process. "
+                          "Set num_workers=0, or batched_fetch=False to load per sample in workers.")
+    batched = cfg.batched_fetch if cfg.batched_fetch != "auto" else workers in ("auto", 0)
+    if not batched:
+        return _dataset_source(torch.utils.data.TensorDataset(*tensors), cfg, device, resolved,
+                               why_per_sample="batched_fetch off: per-sample __getitem__ + collate")
+    resolved["batched_fetch"] = (True, "in-memory tensors: one index op per batch instead of "
+                                       "a __getitem__ per sample and a collate")
+    resolved["num_workers"] = (0, "in-memory tensors: batched fetch beats worker processes")
+    on_device, why = _resolve_on_device(tensors, cfg, device)
+    resolved["data_on_device"] = (on_device, why)
+    source = TensorBatches(tensors, cfg.batch_size, cfg.shuffle, cfg.drop_last, cfg.seed)
+    if on_device:
+        source.to(device)
+    resolved["pin_memory"] = _resolve_pin(cfg, device, on_device)
+    return source
+
+
+def _resolve_on_device(tensors, cfg: TrainConfig, device) -> Tuple[bool, str]:
+    if device.type == "cpu":
+        if cfg.data_on_device is False:
+            return False, "asked for (the data is in CPU memory either way)"
+        return True, "device is the CPU: the data already lives in its memory"
+    if cfg.data_on_device != "auto":
+        return cfg.data_on_device, "asked for"
+    size = sum(t.numel() * t.element_size() for t in tensors)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        if size < free // 4:
+            return True, (f"{size / 2**20:.0f} MiB of tensors fit easily in "
+                          f"{free / 2**30:.1f} GiB free: one copy instead of one per step")
+        return False, f"{size / 2**20:.0f} MiB is over a quarter of free device memory"
+    return False, f"free memory on {device.type} cannot be queried"
+
+
+def _resolve_pin(cfg: TrainConfig, device, on_device: bool) -> Tuple[bool, str]:
+    if device.type != "cuda":
+        if cfg.pin_memory is True:
+            return False, f"ignored: pinning speeds host-to-GPU copies; device is {device.type}"
+        return False, f"device is {device.type}: no host-to-GPU copy to speed up"
+    if on_device:
+        return False, "data lives on the GPU: nothing to copy per step"
+    if cfg.pin_memory == "auto":
+        return True, "pinned pages copy to the GPU faster and allow non_blocking copies"
+    return cfg.pin_memory, "asked for"
+
+
+def _dataset_source(dataset, cfg: TrainConfig, device, resolved: Resolved,
+                    why_per_sample: str = "per-sample dataset"):
+    if cfg.data_on_device is True and device.type != "cpu":
+        raise ConfigError("TrainConfig.data_on_device=True needs in-memory tensor data "
+                          f"(an (inputs, targets) pair or a TensorDataset); got "
+                          f"{type(dataset).__name__}. Use data_on_device='auto' or False.")
+    has_getitems = hasattr(dataset, "__getitems__")
+    resolved["batched_fetch"] = (has_getitems, "dataset has __getitems__" if has_getitems
+                                 else why_per_sample)
+    resolved["data_on_device"] = (device.type == "cpu", "per-sample dataset: batches are "
+                                  "copied as they are loaded")
+    workers, why = _resolve_workers(cfg)
+    resolved["num_workers"] = (workers, why)
+    pin, why = _resolve_pin(cfg, device, on_device=False)
+    resolved["pin_memory"] = (pin, why)
+    sampler = EpochBatchSampler(len(dataset), cfg.batch_size, cfg.shuffle, cfg.drop_last, cfg.seed)
+    extra = {}
+    if workers > 0:
+        extra = dict(prefetch_factor=cfg.prefetch_factor,
+                     persistent_workers=cfg.persistent_workers,
+                     multiprocessing_context=cfg.multiprocessing_context)
+    return LoaderBatches(dataset, sampler, num_workers=workers, pin_memory=pin, **extra)
+
+
+def _resolve_workers(cfg: TrainConfig) -> Tuple[int, str]:
+    if cfg.num_workers != "auto":
+        return cfg.num_workers, "asked for"
+    cores = available_cores()
+    workers = max(1, min(8, cores - 1))
+    return workers, (f"per-sample loading: {workers} worker(s) load ahead while the main "
+                     f"process trains ({cores} cores)")
+
+
+def make_mover(device: torch.device, pinned: bool, resident: bool, channels_last: bool,
+               pin_here: bool = False) -> Callable:
+    """The function that puts a batch on `device`: identity when it is already there.
+
+    `pin_here`: the source does not pin (batched fetch), so pin each batch before copying.
+    """
+    if resident and not channels_last:
+        return _identity
+    non_blocking = pinned   # only a copy from pinned memory can be asynchronous
+
+    def move(batch):
+        if isinstance(batch, torch.Tensor):
+            if pin_here:
+                batch = batch.pin_memory()
+            batch = batch.to(device, non_blocking=non_blocking)
+            if channels_last and batch.dim() == 4:
+                batch = batch.contiguous(memory_format=torch.channels_last)
+            return batch
+        if isinstance(batch, (tuple, list)):
+            return type(batch)(move(b) for b in batch)
+        if isinstance(batch, dict):
+            return {k: move(v) for k, v in batch.items()}
+        return batch
+    return move
+
+
+def _identity(batch):
+    return batch

@@ -1,0 +1,169 @@
+"""Where batches come from: whole-batch indexing of tensors, or a DataLoader.
+
+Every source yields the batches of one epoch from a given position, in an order fixed
+by (seed, epoch), so a resumed run sees exactly the batches it would have seen.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Iterator, List, Optional, Sequence
+
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+
+def epoch_order(n: int, shuffle: bool, seed: int, epoch: int) -> torch.Tensor:
+    """Sample order of one epoch; its own generator leaves the global RNG alone."""
+    if not shuffle:
+        return torch.arange(n)
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(n, generator=gen)
+
+
+def batch_count(n: int, batch_size: int, drop_last: bool) -> int:
+    return n // batch_size if drop_last else math.ceil(n / batch_size)
+
+
+class TensorBatches:
+    """In-memory tensors served a batch at a time: one `index_select` per tensor.
+
+    A DataLoader over the same tensors calls `__getitem__` per sample and stacks the
+    results (pytorch/pytorch#10260), which costs more than a small model's step.
+    """
+
+    def __init__(self, tensors: Sequence[torch.Tensor], batch_size: int, shuffle: bool,
+                 drop_last: bool, seed: int):
+        self.tensors = tuple(tensors)
+        self.n = len(self.tensors[0])
+        self.batch_size, self.shuffle, self.drop_last, self.seed = \
+            batch_size, shuffle, drop_last, seed
+
+    def __len__(self) -> int:
+        return batch_count(self.n, self.batch_size, self.drop_last)
+
+    def to(self, device: torch.device) -> "TensorBatches":
+        self.tensors = tuple(t.to(device) for t in self.tensors)
+        return self
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple]:
+        bs = self.batch_size
+        if not self.shuffle:   # contiguous slices are views: no copy at all
+            for b in range(start, len(self)):
+                yield tuple(t[b * bs:(b + 1) * bs] for t in self.tensors)
+            return
+        order = epoch_order(self.n, True, self.seed, epoch).to(self.tensors[0].device)
+        for b in range(start, len(self)):
+            idx = order[b * bs:(b + 1) * bs]
+            yield tuple(t.index_select(0, idx) for t in self.tensors)
+
+    def sample_indices(self, epoch: int, batch: int) -> List[int]:
+        order = epoch_order(self.n, self.shuffle, self.seed, epoch)
+        return order[batch * self.batch_size:(batch + 1) * self.batch_size].tolist()
+
+
+class EpochBatchSampler:
+    """Batches of indices for the epoch and start position set before each `iter()`.
+
+    The sampler runs in the main process even with workers, so setting `epoch` and
+    `start` before iterating works with persistent workers too.
+    """
+
+    def __init__(self, n: int, batch_size: int, shuffle: bool, drop_last: bool, seed: int):
+        self.n, self.batch_size, self.shuffle, self.drop_last, self.seed = \
+            n, batch_size, shuffle, drop_last, seed
+        self.epoch, self.start = 0, 0
+
+    def __len__(self) -> int:
+        return batch_count(self.n, self.batch_size, self.drop_last)
+
+    def __iter__(self) -> Iterator[List[int]]:
+        order = epoch_order(self.n, self.shuffle, self.seed, self.epoch)
+        bs = self.batch_size
+        for b in range(self.start, len(self)):
+            yield order[b * bs:(b + 1) * bs].tolist()
+
+    def sample_indices(self, epoch: int, batch: int) -> List[int]:
+        order = epoch_order(self.n, self.shuffle, self.seed, epoch)
+        return order[batch * self.batch_size:(batch + 1) * self.batch_size].tolist()
+
+
+class LoaderBatches:
+    """A map-style dataset through a DataLoader that nbtrain builds and configures."""
+
+    def __init__(self, dataset: Dataset, sampler: EpochBatchSampler, **loader_kwargs):
+        self.dataset = dataset
+        self.sampler = sampler
+        self.loader = DataLoader(dataset, batch_sampler=sampler, **loader_kwargs)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator:
+        self.sampler.epoch, self.sampler.start = epoch, start
+        return iter(self.loader)
+
+    def sample_indices(self, epoch: int, batch: int) -> List[int]:
+        return self.sampler.sample_indices(epoch, batch)
+
+
+class GivenLoader:
+    """The user's own DataLoader: its order and settings are its own."""
+
+    def __init__(self, loader: DataLoader):
+        self.loader = loader
+        self.dataset = getattr(loader, "dataset", None)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator:
+        # Best effort on resume: skip what was consumed (its own sampler may reshuffle).
+        return itertools.islice(iter(self.loader), start, None)
+
+    def sample_indices(self, epoch: int, batch: int) -> Optional[List[int]]:
+        return None
+
+
+def as_tensors(data) -> Optional[tuple]:
+    """The tensors behind `data` when it is in-memory tensor data, else None."""
+    if isinstance(data, TensorDataset):
+        return tuple(data.tensors)
+    if isinstance(data, (tuple, list)) and data and all(isinstance(t, torch.Tensor) for t in data):
+        lengths = {len(t) for t in data}
+        if len(lengths) != 1:
+            shapes = ", ".join(str(tuple(t.shape)) for t in data)
+            raise ValueError(f"train_data tensors must have the same length (first dimension); "
+                             f"got shapes {shapes}. Pass (inputs, targets) with one row per sample.")
+        return tuple(data)
+    return None
+
+
+def mismatched_sample(dataset, indices: List[int]) -> Optional[str]:
+    """Describe the first sample whose structure or shapes differ from the batch's first."""
+    def signature(item):
+        if isinstance(item, torch.Tensor):
+            return ("tensor", tuple(item.shape), item.dtype)
+        if isinstance(item, (tuple, list)):
+            return tuple(signature(x) for x in item)
+        if isinstance(item, dict):
+            return tuple(sorted((k, signature(v)) for k, v in item.items()))
+        return type(item).__name__
+    try:
+        first = signature(dataset[indices[0]])
+        for i in indices[1:]:
+            sig = signature(dataset[i])
+            if sig != first:
+                return (f"sample {i} has {_describe(sig)} but sample {indices[0]} has "
+                        f"{_describe(first)}")
+    except Exception as exc:   # diagnosis only: the original error is reported anyway
+        return f"(could not inspect samples: {exc})"
+    return None
+
+
+def _describe(sig) -> str:
+    if isinstance(sig, tuple) and sig and sig[0] == "tensor":
+        return f"a tensor of shape {sig[1]} ({str(sig[2]).replace('torch.', '')})"
+    if isinstance(sig, tuple):
+        return "(" + ", ".join(_describe(s) for s in sig) + ")"
+    return str(sig)

@@ -1,0 +1,82 @@
+"""Resolve "auto" device and precision settings to concrete values, each with a reason."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import platform
+from typing import Tuple
+
+import torch
+
+Choice = Tuple[object, str]   # (value, why it was chosen)
+
+
+def resolve_device(requested: str) -> Tuple[torch.device, str]:
+    if requested != "auto":
+        return _checked_device(requested), "asked for"
+    if torch.cuda.is_available():
+        return torch.device("cuda"), f"CUDA available: {torch.cuda.get_device_name(0)}"
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        return torch.device("mps"), "Apple MPS available"
+    return torch.device("cpu"), "no CUDA or MPS device found"
+
+
+def _checked_device(name: str) -> torch.device:
+    from .config import ConfigError
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"TrainConfig.device={name!r} is not available: this PyTorch "
+                          "sees no CUDA device. Use device='auto' or 'cpu'.")
+    if device.type == "cuda" and device.index is not None \
+            and device.index >= torch.cuda.device_count():
+        raise ConfigError(f"TrainConfig.device={name!r} is not available: only "
+                          f"{torch.cuda.device_count()} CUDA device(s). Use 'cuda:0'.")
+    if device.type == "mps" and not (getattr(torch.backends, "mps", None)
+                                     and torch.backends.mps.is_available()):
+        raise ConfigError(f"TrainConfig.device={name!r} is not available on this machine. "
+                          "Use device='auto' or 'cpu'.")
+    return device
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_bf16_feature() -> str:
+    """The CPU flag that makes bf16 matmuls fast here ('' when there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:   # macOS, Windows: no /proc; Apple silicon bf16 autocast is slow
+        return ""
+    for flag in ("amx_bf16", "avx512_bf16"):
+        if flag in flags:
+            return flag
+    return ""
+
+
+def resolve_amp(requested: str, device: torch.device) -> Choice:
+    """'off' | 'fp16' | 'bf16' with the reason, for `requested` on `device`."""
+    from .config import ConfigError
+    if requested != "auto":
+        if requested == "fp16" and device.type == "cpu":
+            return "fp16", "asked for (on CPU fp16 autocast is usually slower than bf16)"
+        if requested == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise ConfigError("TrainConfig.amp='bf16' is not supported by this GPU "
+                              f"({torch.cuda.get_device_name(device)}): use amp='fp16'.")
+        return requested, "asked for"
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported():
+            return "bf16", "GPU supports bf16 (same range as fp32, no loss scaling needed)"
+        return "fp16", "GPU lacks bf16: fp16 with a GradScaler"
+    if device.type == "mps":
+        return "off", "autocast on MPS rarely pays off; use amp='fp16' to try it"
+    flag = cpu_bf16_feature()
+    if flag:
+        return "bf16", f"CPU has {flag}"
+    return "off", f"CPU ({platform.machine()}) has no bf16 matmul units (avx512_bf16/amx)"
+
+
+def autocast_context(amp: str, device: torch.device):
+    """A fresh context manager for one forward pass: autocast, or nothing at all."""
+    if amp == "off":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if amp == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)

@@ -1,0 +1,352 @@
+"""fit(): the training loop. Settings are resolved once, then the loop reads top to bottom."""
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from . import checkpoint as ckpt
+from .config import ConfigError, TrainConfig
+from .data import make_batches, make_mover, mismatched_sample
+from .devices import autocast_context, resolve_amp, resolve_device
+from .optim import build_optimizer, resolve_impl
+from .run import Run, TrainingError
+from .schedule import Schedule
+from .telemetry import Interval, memory_fields
+
+
+@dataclass
+class Parts:
+    """What the loop needs, built once before the first step."""
+    device: torch.device
+    amp: str
+    batches: object
+    val_batches: object
+    move: Callable
+    forward: Callable            # the model, compiled when asked
+    loss_fn: Optional[Callable]
+    params: list
+
+
+def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, *,
+        config: Optional[TrainConfig] = None, val_data=None, resume=None,
+        background: bool = False, progress="auto") -> Run:
+    """Train `model` on `train_data` with the settings of `config`; returns the Run.
+
+    >>> run = nt.fit(model, (x, y), torch.nn.functional.cross_entropy,
+    ...              config=nt.TrainConfig(epochs=3, amp="bf16", scheduler="cosine"))
+
+    `resume`: a Run or a checkpoint path; training continues where it stopped.
+    `background=True` returns at once and trains in a thread (`run.stop()`, `run.wait()`).
+    """
+    state = ckpt.load(resume) if isinstance(resume, (str, bytes)) or hasattr(resume, "__fspath__") \
+        else (resume.checkpoint() if isinstance(resume, Run) else None)
+    cfg = _config_from(config, state)
+    run = Run(cfg)
+    parts = _prepare(run, model, train_data, loss_fn, val_data)
+    if state is not None:
+        ckpt.restore(run, state)
+    else:
+        torch.manual_seed(cfg.seed)   # dropout and friends repeat; data order has its own RNG
+    if progress:
+        from .progress import attach_progress
+        attach_progress(run)
+    if background:
+        run._thread = threading.Thread(target=_train_safely, args=(run, parts),
+                                       name="nbtrain-fit", daemon=True)
+        run._thread.start()
+        return run
+    with _ctrl_c_stops(run):
+        _train_safely(run, parts)
+    if run.state == "failed":
+        raise run.error
+    return run
+
+
+def _config_from(config, state) -> TrainConfig:
+    if config is None:
+        return TrainConfig.from_dict(state["config"]) if state else TrainConfig()
+    if isinstance(config, dict):
+        return TrainConfig.from_dict(config)
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"config must be a TrainConfig or a dict of its fields; "
+                        f"got {type(config).__name__}.")
+    return config
+
+
+# -- setup: resolve every "auto", build every part; raises before anything is changed --------
+def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Parts:
+    cfg = run.config
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}.")
+    device, why = resolve_device(cfg.device)
+    run.resolved["device"] = (str(device), why)
+    amp, why = resolve_amp(cfg.amp, device)
+    run.resolved["amp"] = (amp, why)
+    impl, why = resolve_impl(cfg, device)
+    run.resolved["optimizer_impl"] = (impl, why)
+    batches = make_batches(train_data, cfg, device, run.resolved)
+    val_batches = None
+    if val_data is not None:
+        val_cfg = cfg.replace(shuffle=False, drop_last=False)
+        val_batches = make_batches(val_data, val_cfg, device, {})
+    run.total_steps = _total_steps(cfg, batches)
+
+    model.to(device)
+    if cfg.channels_last:
+        model.to(memory_format=torch.channels_last)
+    run.model = model
+    run.optimizer = build_optimizer(model, cfg, impl)
+    run.schedule = Schedule(cfg, run.total_steps)
+    run.scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
+    resident, _ = run.resolved["data_on_device"]
+    pinned, _ = run.resolved["pin_memory"]
+    pin_here = pinned and hasattr(batches, "tensors")
+    move = make_mover(device, pinned, resident, cfg.channels_last, pin_here)
+    forward = torch.compile(model) if cfg.compile else model
+    params = [p for p in model.parameters() if p.requires_grad]
+    return Parts(device, amp, batches, val_batches, move, forward, loss_fn, params)
+
+
+def _total_steps(cfg: TrainConfig, batches) -> int:
+    if cfg.max_steps is not None:
+        return cfg.max_steps
+    try:
+        per_epoch = len(batches)
+    except TypeError:
+        raise ConfigError("TrainConfig.max_steps=None needs data with a length; this "
+                          "DataLoader has none (an IterableDataset?). Set max_steps.") from None
+    if per_epoch == 0:
+        raise ConfigError(f"TrainConfig.batch_size={cfg.batch_size} with drop_last="
+                          f"{cfg.drop_last} leaves no batch in an epoch: lower batch_size.")
+    return cfg.epochs * math.ceil(per_epoch / cfg.grad_accum_steps)
+
+
+# -- the loop -----------------------------------------------------------------------------------
+def _train_safely(run: Run, parts: Parts) -> None:
+    """Run the loop; whatever ends it, the Run keeps its model, optimizer and history."""
+    start = time.perf_counter()
+    run.state = "running"
+    try:
+        _train(run, parts)
+        run.state = "interrupted" if run._interrupted else (
+            "stopped" if run._stop.is_set() or run.message else "finished")
+    except KeyboardInterrupt:
+        run.optimizer.zero_grad(set_to_none=True)   # drop the half-done step's gradients
+        run.state = "interrupted"
+    except Exception as exc:
+        run.state = "failed"
+        run.error = TrainingError(_explain(exc, run, parts), run)
+        run.error.__cause__ = exc
+    finally:
+        run.wall_s += time.perf_counter() - start
+        run._rng_at_end = ckpt.rng_state()
+        run._emit({"kind": "end", "state": run.state, "step": run.step,
+                   "message": run.message}, keep=False)
+        run._done.set()
+
+
+def _train(run: Run, parts: Parts) -> None:
+    cfg, model, opt = run.config, run.model, run.optimizer
+    model.train()
+    meter = Interval(parts.device, cfg.log_every, run.step, cfg.grad_accum_steps)
+    run._stage = "load"
+    while run.step < run.total_steps:
+        windows = _windows(parts.batches.epoch(run.epoch, run.batch_in_epoch), cfg.grad_accum_steps)
+        while run.step < run.total_steps:
+            # --- next batch(es): time spent here is time the model waited for data
+            t = time.perf_counter()
+            window = next(windows, None)
+            meter.data_wait_s += time.perf_counter() - t
+            if window is None:
+                break
+            run._stage = "step"
+            # --- set the LR for this step (a pure function of the step: see schedule.py)
+            lr = run.schedule.lr(run.step)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            # --- forward, backward, update
+            _step(run, parts, window, meter)
+            meter.end_step()
+            run.step += 1
+            run.batch_in_epoch += len(window)
+            run._stage = "load"
+            # --- log: the one host read of the interval happens in meter.close
+            if meter.steps == cfg.log_every:
+                _log(run, meter, lr)
+            if cfg.checkpoint_every and cfg.checkpoint_dir and run.step % cfg.checkpoint_every == 0:
+                run.save(ckpt.path_in(cfg.checkpoint_dir))
+            # --- termination
+            if run._stop.is_set():
+                break
+        if run._stop.is_set():
+            break
+        if run.batch_in_epoch >= len(parts.batches):   # the epoch ran to its end
+            if meter.steps:   # close the epoch's last, shorter interval before validating
+                _log(run, meter, run.schedule.lr(run.step - 1))
+            _validate(run, parts)
+            run.epoch, run.batch_in_epoch = run.epoch + 1, 0
+    if meter.steps:
+        _log(run, meter, run.schedule.lr(run.step - 1))
+    if cfg.checkpoint_dir:
+        run.save(ckpt.path_in(cfg.checkpoint_dir))
+
+
+def _windows(batches, size: int):
+    """Group micro-batches for gradient accumulation; the last group may be shorter."""
+    if size == 1:
+        for batch in batches:
+            yield (batch,)
+        return
+    window = []
+    for batch in batches:
+        window.append(batch)
+        if len(window) == size:
+            yield tuple(window)
+            window = []
+    if window:
+        yield tuple(window)
+
+
+def _step(run: Run, parts: Parts, window, meter: Interval) -> None:
+    cfg, opt, scaler = run.config, run.optimizer, run.scaler
+    for batch in window:
+        batch = parts.move(batch)
+        with autocast_context(parts.amp, parts.device):
+            loss = _loss_of(parts, batch)
+        meter.add(loss.detach(), _batch_len(batch))
+        if len(window) > 1:
+            loss = loss / len(window)
+        scaler.scale(loss).backward()
+    if cfg.on_nan == "skip" and not torch.isfinite(loss).item():   # a host sync, skip mode only
+        opt.zero_grad(set_to_none=True)
+        meter.skipped += 1
+        return
+    if cfg.clip_grad_norm is not None:
+        scaler.unscale_(opt)   # clip the true gradients, not the fp16-scaled ones
+        torch.nn.utils.clip_grad_norm_(parts.params, cfg.clip_grad_norm)
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad(set_to_none=True)
+
+
+def _loss_of(parts: Parts, batch) -> torch.Tensor:
+    if parts.loss_fn is None:
+        out = parts.forward(batch)
+        loss = out["loss"] if isinstance(out, dict) else getattr(out, "loss", out)
+    elif isinstance(batch, (tuple, list)) and len(batch) >= 2:
+        loss = parts.loss_fn(parts.forward(*batch[:-1]), batch[-1])
+    else:
+        raise TypeError(f"with a loss_fn each batch must be (inputs, targets); got a "
+                        f"{type(batch).__name__}. Pass loss_fn=None and make the model "
+                        "return the loss for other batch shapes.")
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        what = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) \
+            else type(loss).__name__
+        raise ValueError(f"the loss must be a scalar tensor; got {what}. Average it "
+                         "(e.g. reduction='mean') or return loss.mean().")
+    return loss
+
+
+def _batch_len(batch) -> int:
+    while isinstance(batch, (tuple, list)):
+        batch = batch[0]
+    if isinstance(batch, dict):
+        batch = next(iter(batch.values()))
+    return len(batch)
+
+
+def _log(run: Run, meter: Interval, lr: float) -> None:
+    record = meter.close(run.step, run.epoch, lr)
+    record.update(memory_fields(meter.device))
+    run._emit(record)
+    if record.get("first_nonfinite_step") is not None and run.config.on_nan == "stop":
+        run.message = (f"loss became non-finite at step {record['first_nonfinite_step']}; "
+                       f"training stopped at step {run.step}. Lower lr, set clip_grad_norm, "
+                       "or use on_nan='skip' to skip such steps.")
+        run._stop.set()
+    meter.reset(run.step)
+
+
+# -- validation ---------------------------------------------------------------------------------
+def _validate(run: Run, parts: Parts) -> None:
+    if parts.val_batches is None:
+        return
+    record = evaluate(run, parts)
+    run.schedule.on_validation(record["val_loss"])
+    run._emit(record)
+
+
+@torch.no_grad()
+def evaluate(run: Run, parts: Parts) -> dict:
+    """Mean loss (and accuracy for class-index targets) over the validation data."""
+    run.model.eval()
+    loss_sum = torch.zeros((), device=parts.device)
+    correct = torch.zeros((), device=parts.device, dtype=torch.long)
+    count, classified = 0, True
+    for batch in parts.val_batches.epoch(0):
+        batch = parts.move(batch)
+        with autocast_context(parts.amp, parts.device):
+            out = parts.forward(*batch[:-1]) if parts.loss_fn else parts.forward(batch)
+            loss = parts.loss_fn(out, batch[-1]) if parts.loss_fn else _loss_of(parts, batch)
+        n = _batch_len(batch)
+        loss_sum += loss.float() * n
+        count += n
+        target = batch[-1] if parts.loss_fn else None
+        if classified and _is_classification(out, target):
+            correct += (out.argmax(-1) == target).sum()
+        else:
+            classified = False
+    run.model.train()
+    record = {"kind": "val", "step": run.step, "epoch": run.epoch,
+              "val_loss": loss_sum.item() / max(count, 1)}   # host read, once per validation
+    if classified and count:
+        record["val_acc"] = correct.item() / count
+    return record
+
+
+def _is_classification(out, target) -> bool:
+    return (isinstance(target, torch.Tensor) and isinstance(out, torch.Tensor)
+            and not target.is_floating_point() and target.dim() == 1 and out.dim() == 2)
+
+
+# -- errors and Ctrl-C ------------------------------------------------------------------------
+def _explain(exc: Exception, run: Run, parts: Parts) -> str:
+    where = f"batch {run.batch_in_epoch} of epoch {run.epoch} (step {run.step})"
+    if getattr(run, "_stage", "load") == "load":
+        text = f"loading {where} failed: {type(exc).__name__}: {exc}"
+        indices = parts.batches.sample_indices(run.epoch, run.batch_in_epoch) \
+            if hasattr(parts.batches, "sample_indices") else None
+        dataset = getattr(parts.batches, "dataset", None)
+        culprit = mismatched_sample(dataset, indices) if indices and dataset is not None else None
+        return text + (f"\n  {culprit}" if culprit else "")
+    return f"the training step failed on {where}: {type(exc).__name__}: {exc}"
+
+
+@contextlib.contextmanager
+def _ctrl_c_stops(run: Run):
+    """In the main thread, Ctrl-C (a kernel interrupt) ends the run at the step boundary.
+
+    A second Ctrl-C interrupts at once, for a step that never ends.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_sigint(signum, frame):
+        if run._interrupted:
+            raise KeyboardInterrupt
+        run._interrupted = True
+        run._stop.set()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -1,0 +1,348 @@
+"""The `%%fasttrain` cell magic: train the model that a notebook cell defines.
+
+    %load_ext nbtrain
+
+    %%fasttrain --max-steps 200 --amp bf16 --optimizer adamw --scheduler cosine --warmup 20
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+    train_data = (X, y)
+    loss_fn = nn.CrossEntropyLoss()
+
+The magic only writes a TrainConfig and hands it to `nbtrain.fit`; the Run lands in the
+user namespace (as `run` unless `--out` names another variable).
+"""
+from __future__ import annotations
+
+import argparse
+import keyword
+import os
+import types
+
+from IPython.core import magic_arguments
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+
+from .config import (AMP_MODES, FIELD_NAMES, OPTIMIZERS, SCHEDULERS, ConfigError,
+                     TrainConfig)
+
+_DEFAULTS = TrainConfig()   # the help quotes these, so it cannot drift from the config
+_MISSING = object()
+
+
+def _default(name: str) -> str:
+    value = getattr(_DEFAULTS, name)
+    if isinstance(value, tuple):   # shown the way --betas takes it
+        value = ",".join(str(v) for v in value)
+    return f"(default: {value})"
+
+
+def _workers(text: str):
+    """--workers: 'auto' or a whole number; TrainConfig checks the range."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected 'auto' or a whole number such as 4, got {text!r}") from None
+
+
+def _betas(text: str):
+    """--betas: two comma-separated numbers; TrainConfig checks the range."""
+    try:
+        values = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 2:
+        raise argparse.ArgumentTypeError(
+            f"expected two numbers separated by a comma, such as 0.9,0.999, got {text!r}")
+    return values
+
+
+_arg = magic_arguments.argument
+_group = magic_arguments.argument_group
+_flag = argparse.BooleanOptionalAction   # --pin / --no-pin; None when neither is given
+
+
+@magics_class
+class FastTrainMagics(Magics):
+    """Holds %%fasttrain; `load_ipython_extension` registers it."""
+
+    # Every TrainConfig option stores into the field of the same name with default None,
+    # so `_apply_options` can tell the options the user gave from the ones left out.
+    @magic_arguments.magic_arguments()
+    @_group("What to train (variable names in the notebook)")
+    @_arg("--model", default="model", metavar="NAME", help="the nn.Module (default: model)")
+    @_arg("--data", default="train_data", metavar="NAME",
+          help="a Dataset, an (inputs, targets) pair of tensors or a DataLoader "
+               "(default: train_data)")
+    @_arg("--loss", metavar="NAME",
+          help="the loss, called as loss(output, targets) (default: loss_fn when it "
+               "exists; without one the model must return the loss)")
+    @_arg("--val", metavar="NAME", help="validation data (default: val_data when it exists)")
+    @_group("Run")
+    @_arg("--config", metavar="NAME",
+          help="a TrainConfig to start from; the options given here override it "
+               "(default: TrainConfig())")
+    @_arg("--resume", metavar="NAME",
+          help="continue the Run (or checkpoint path) in NAME, with its settings unless "
+               "options here override them")
+    @_arg("--out", default="run", metavar="NAME",
+          help="the variable that receives the Run (default: run)")
+    @_arg("--background", action="store_true",
+          help="train in a background thread and return at once (default: off)")
+    @_arg("--panel", action="store_true",
+          help="show the live dashboard instead of the progress bar (default: off)")
+    @_group("Length")
+    @_arg("--epochs", type=int, metavar="N", help=f"passes over the data {_default('epochs')}")
+    @_arg("--max-steps", dest="max_steps", type=int, metavar="N",
+          help=f"optimizer steps; overrides --epochs when set {_default('max_steps')}")
+    @_arg("--batch-size", dest="batch_size", type=int, metavar="N",
+          help=f"samples per batch {_default('batch_size')}")
+    @_group("Data path")
+    @_arg("--pin", dest="pin_memory", action=_flag,
+          help=f"pinned host memory, so copies to the GPU can be non-blocking "
+               f"{_default('pin_memory')}")
+    @_arg("--workers", dest="num_workers", type=_workers, metavar="N|auto",
+          help=f"DataLoader worker processes {_default('num_workers')}")
+    @_arg("--prefetch", dest="prefetch_factor", type=int, metavar="N",
+          help=f"batches each worker loads ahead {_default('prefetch_factor')}")
+    @_arg("--persistent", dest="persistent_workers", action=_flag,
+          help=f"keep workers alive between epochs {_default('persistent_workers')}")
+    @_arg("--on-device", dest="data_on_device", action=_flag,
+          help=f"keep the whole dataset on the device {_default('data_on_device')}")
+    @_group("Device and precision")
+    @_arg("--device", metavar="DEV",
+          help=f"auto, cpu, cuda, cuda:N or mps {_default('device')}")
+    @_arg("--amp", metavar="MODE",
+          help=f"mixed precision: {', '.join(AMP_MODES)} {_default('amp')}")
+    @_arg("--channels-last", dest="channels_last", action=_flag,
+          help=f"channels-last memory format for conv nets {_default('channels_last')}")
+    @_arg("--compile", action=_flag, help=f"torch.compile the model {_default('compile')}")
+    @_group("Optimizer")
+    @_arg("--optimizer", metavar="NAME",
+          help=f"{', '.join(OPTIMIZERS)} {_default('optimizer')}")
+    @_arg("--lr", type=float, metavar="LR", help=f"base learning rate {_default('lr')}")
+    @_arg("--wd", dest="weight_decay", type=float, metavar="WD",
+          help=f"weight decay {_default('weight_decay')}")
+    @_arg("--momentum", type=float, metavar="M",
+          help=f"momentum for sgd and rmsprop {_default('momentum')}")
+    @_arg("--nesterov", action=_flag,
+          help=f"Nesterov momentum (sgd with momentum > 0) {_default('nesterov')}")
+    @_arg("--betas", type=_betas, metavar="B1,B2",
+          help=f"Adam-family betas {_default('betas')}")
+    @_group("LR schedule")
+    @_arg("--scheduler", metavar="NAME",
+          help=f"{', '.join(SCHEDULERS)} {_default('scheduler')}")
+    @_arg("--warmup", dest="warmup_steps", type=int, metavar="N",
+          help=f"linear warmup steps from 0 {_default('warmup_steps')}")
+    @_arg("--min-lr", dest="min_lr", type=float, metavar="LR",
+          help=f"LR floor of linear, cosine and cyclic {_default('min_lr')}")
+    @_group("Step")
+    @_arg("--accum", dest="grad_accum_steps", type=int, metavar="N",
+          help=f"batches per optimizer step (gradient accumulation) "
+               f"{_default('grad_accum_steps')}")
+    @_arg("--clip", dest="clip_grad_norm", type=float, metavar="NORM",
+          help=f"clip the gradient norm to NORM {_default('clip_grad_norm')}")
+    @_group("Bookkeeping")
+    @_arg("--log-every", dest="log_every", type=int, metavar="N",
+          help=f"steps between loss readings (each one is a host sync) "
+               f"{_default('log_every')}")
+    @_arg("--seed", type=int, metavar="N", help=f"random seed {_default('seed')}")
+    @line_cell_magic
+    def fasttrain(self, line, cell=None):
+        """Train the model the cell defines; options are TrainConfig settings.
+
+        The cell body runs first, in the notebook namespace; then `model` is trained on
+        `train_data` with `loss_fn` (and `val_data` when it exists), and the Run lands
+        in `run`. Defaults are TrainConfig's, or those of --config / the resumed Run.
+
+            %%fasttrain --epochs 3 --amp bf16 --optimizer adamw --scheduler cosine --warmup 100
+            model = Net()
+            train_data = (X, y)
+            loss_fn = nn.CrossEntropyLoss()
+
+        Interrupting the kernel keeps the model and returns an interrupted Run; continue
+        it with the line form, which needs no body:
+
+            %fasttrain --resume run --max-steps 400
+        """
+        args = magic_arguments.parse_argstring(self.fasttrain, line)
+        _check_out_name(args.out)
+        if args.config is None and args.resume is None:
+            _apply_options(TrainConfig(), args)   # a bad option fails before the body runs
+        defined = self._run_body(cell)
+        ns = self.shell.user_ns
+        resume = _resume_target(ns, args.resume)
+        config = _apply_options(_base_config(ns, args.config, resume), args)
+        run = _train(ns, args, config, resume, _training_inputs(ns, args, defined))
+        _report(run, args)
+
+    def _run_body(self, cell) -> list:
+        """Run the cell body in the user namespace; return the names it bound."""
+        ns = self.shell.user_ns
+        before = dict(ns)   # holds references, so a new object cannot reuse an old id
+        if cell and cell.strip():
+            # run_cell (as %%capture does) so magics and tracebacks work as in any cell
+            if not self.shell.run_cell(cell).success:
+                raise UsageError("The cell body failed (error above), so training did not start.")
+        return [name for name, value in ns.items()
+                if not name.startswith("_") and before.get(name, _MISSING) is not value]
+
+
+# -- options -> TrainConfig -----------------------------------------------------------------
+
+def _check_out_name(name: str) -> None:
+    if not name.isidentifier() or keyword.iskeyword(name):
+        raise UsageError(f"--out {name!r}: expected a Python variable name, such as run2.")
+
+
+def _apply_options(base: TrainConfig, args) -> TrainConfig:
+    """`base` with the options the user gave; a bad value is a UsageError with the ConfigError text."""
+    changes = {name: value for name, value in vars(args).items()
+               if name in FIELD_NAMES and value is not None}
+    try:
+        return base.replace(**changes)
+    except ConfigError as err:
+        raise UsageError(str(err)) from None
+
+
+def _base_config(ns: dict, name, resume) -> TrainConfig:
+    """--config NAME, else the resumed Run's or checkpoint's config, else the defaults."""
+    if name is not None:
+        value = _lookup(ns, name, "--config", "a TrainConfig",
+                        _names_where(ns, lambda v: isinstance(v, TrainConfig)),
+                        "TrainConfigs in the namespace")
+        if not isinstance(value, TrainConfig):
+            raise UsageError(f"--config {name}: expected a TrainConfig, found "
+                             f"{type(value).__name__}. Make one with nbtrain.TrainConfig(...).")
+        return value
+    if _is_run(resume):
+        return resume.config
+    if resume is not None:   # a checkpoint path: continue with the settings it was saved with
+        return _checkpoint_config(resume)
+    return TrainConfig()
+
+
+def _checkpoint_config(path) -> TrainConfig:
+    from .checkpoint import load
+    try:
+        return TrainConfig.from_dict(load(path)["config"])
+    except (OSError, ValueError) as err:   # missing or unreadable file
+        raise UsageError(f"--resume {path}: {err}") from None
+
+
+# -- names in the namespace -------------------------------------------------------------------
+
+def _is_run(value) -> bool:
+    # duck-typed so the magic needs nothing from the engine but `nbtrain.fit`
+    return isinstance(getattr(value, "config", None), TrainConfig) and hasattr(value, "state")
+
+
+def _resume_target(ns: dict, name):
+    """The Run or checkpoint path that --resume names, or None."""
+    if name is None:
+        return None
+    if name not in ns and os.path.exists(name):
+        return name
+    value = _lookup(ns, name, "--resume", "a Run to continue",
+                    _names_where(ns, _is_run), "Runs in the namespace")
+    if _is_run(value) or isinstance(value, (str, os.PathLike)):
+        return value
+    raise UsageError(f"--resume {name}: expected a Run (from %%fasttrain or nbtrain.fit) "
+                     f"or a checkpoint path, found {type(value).__name__}.")
+
+
+def _training_inputs(ns: dict, args, defined: list) -> dict:
+    """model, train_data, loss_fn and val_data, looked up by the names the options give."""
+    listing = [f"{n} ({type(ns[n]).__name__})" for n in defined
+               if not isinstance(ns[n], types.ModuleType)]
+
+    def need(name, flag, what):
+        return _lookup(ns, name, flag, what, listing, "The cell defined")
+
+    return {
+        "model": _check_model(args.model, need(args.model, "--model", "the model")),
+        "train_data": need(args.data, "--data", "the training data"),
+        "loss_fn": need(args.loss, "--loss", "the loss") if args.loss else ns.get("loss_fn"),
+        "val_data": need(args.val, "--val", "the validation data") if args.val
+        else ns.get("val_data"),
+    }
+
+
+def _check_model(name: str, model):
+    import torch
+    if not isinstance(model, torch.nn.Module):
+        raise UsageError(f"{name!r} is a {type(model).__name__}, not a torch.nn.Module: "
+                         f"define the model as {name}, or pass --model NAME.")
+    return model
+
+
+def _names_where(ns: dict, test) -> list:
+    return [name for name, value in ns.items() if not name.startswith("_") and test(value)]
+
+
+def _lookup(ns: dict, name: str, flag: str, what: str, candidates: list, source: str):
+    if name in ns:
+        return ns[name]
+    found = ", ".join(candidates) if candidates else "none"
+    raise UsageError(f"No variable named {name!r} ({what}). {source}: {found}. "
+                     f"Define {name!r}, or pass {flag} NAME to use another variable.")
+
+
+# -- training and output ----------------------------------------------------------------------
+
+def _train(ns: dict, args, config: TrainConfig, resume, inputs: dict):
+    """Call nbtrain.fit and put the Run in the namespace, also when training fails."""
+    import nbtrain   # at call time: the package imports this module to load the extension
+    progress = _panel_progress() if args.panel else "auto"
+    try:
+        run = nbtrain.fit(inputs["model"], inputs["train_data"], inputs["loss_fn"],
+                          config=config, val_data=inputs["val_data"], resume=resume,
+                          background=args.background, progress=progress)
+    except nbtrain.TrainingError as err:
+        ns[args.out] = err.run
+        raise UsageError(f"Training failed: {err}\nThe failed Run is in `{args.out}`.") from err
+    except ConfigError as err:   # settings only the engine can check (e.g. no GPU for cuda)
+        raise UsageError(str(err)) from None
+    ns[args.out] = run
+    return run
+
+
+def _panel_progress():
+    """What --panel shows: the live dashboard once nbtrain.dashboard exists, else the bar."""
+    try:
+        from nbtrain.dashboard import Dashboard
+    except ImportError:
+        print("The live dashboard (--panel) is not available yet; showing the progress bar.")
+        return "auto"
+    return Dashboard()
+
+
+def _report(run, args) -> None:
+    out = args.out
+    if args.background:
+        print(f"Training in the background; the Run is in `{out}`. "
+              f"{out}.stop() stops it, {out}.wait() waits for it.")
+        return
+    if run.state == "interrupted":
+        print(f"Interrupted at step {run.step}; the Run is in `{out}`. "
+              f"Continue it with: %fasttrain --resume {out}")
+    print(run.summary_text())
+
+
+# -- extension hooks (nbtrain.load_ipython_extension delegates here) --------------------------
+
+def load_ipython_extension(ip) -> None:
+    """`%load_ext nbtrain`: register %%fasttrain (and its line form %fasttrain)."""
+    ip.register_magics(FastTrainMagics)
+
+
+def unload_ipython_extension(ip) -> None:
+    """`%unload_ext nbtrain`: remove %%fasttrain, leaving any other magic of that name alone."""
+    manager = ip.magics_manager
+    for kind in ("line", "cell"):
+        func = manager.magics[kind].get("fasttrain")
+        if isinstance(getattr(func, "__self__", None), FastTrainMagics):
+            del manager.magics[kind]["fasttrain"]
+    if isinstance(manager.registry.get(FastTrainMagics.__name__), FastTrainMagics):
+        del manager.registry[FastTrainMagics.__name__]

@@ -1,0 +1,61 @@
+"""Build the optimizer: param groups without decay on biases/norms, fastest implementation."""
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+
+from .config import TrainConfig
+
+_CLASSES = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "radam": "RAdam",
+            "nadam": "NAdam", "rmsprop": "RMSprop", "adagrad": "Adagrad"}
+# Fused kernels (one launch for all params) exist for these, per device type (torch 2.4+).
+_FUSED = {"cuda": {"sgd", "adam", "adamw", "adagrad"}, "cpu": {"sgd", "adam", "adamw", "adagrad"},
+          "mps": {"adam", "adamw"}}
+
+
+def param_groups(model: torch.nn.Module, cfg: TrainConfig) -> list:
+    """Weight decay on matrices and kernels only: decaying biases and norm scales hurts."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.decay_norm_and_bias or cfg.weight_decay == 0:
+        return [{"params": params, "weight_decay": cfg.weight_decay}]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    return [{"params": decay, "weight_decay": cfg.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _hyperparams(cfg: TrainConfig) -> dict:
+    name = cfg.optimizer
+    if name == "sgd":
+        return {"momentum": cfg.momentum, "nesterov": cfg.nesterov}
+    if name in ("adam", "adamw", "radam", "nadam"):
+        return {"betas": cfg.betas, "eps": cfg.eps}
+    if name == "rmsprop":
+        return {"momentum": cfg.momentum, "eps": cfg.eps}
+    return {"eps": cfg.eps}
+
+
+def resolve_impl(cfg: TrainConfig, device: torch.device) -> Tuple[str, str]:
+    fused_ok = cfg.optimizer in _FUSED.get(device.type, ())
+    if cfg.optimizer_impl == "fused" and not fused_ok:
+        from .config import ConfigError
+        raise ConfigError(f"TrainConfig.optimizer_impl='fused' is not available for "
+                          f"optimizer={cfg.optimizer!r} on {device.type}: use 'auto'.")
+    if cfg.optimizer_impl != "auto":
+        return cfg.optimizer_impl, "asked for"
+    if fused_ok:
+        return "fused", f"fused {cfg.optimizer} kernel exists on {device.type}"
+    if device.type == "cuda":
+        return "foreach", "no fused kernel: foreach batches the per-parameter launches"
+    return "for-loop", f"no fused {cfg.optimizer} on {device.type}"
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, impl: str) -> torch.optim.Optimizer:
+    cls = getattr(torch.optim, _CLASSES[cfg.optimizer])
+    kwargs = dict(lr=cfg.lr, **_hyperparams(cfg))
+    if impl == "fused":
+        kwargs["fused"] = True
+    else:
+        kwargs["foreach"] = impl == "foreach"
+    return cls(param_groups(model, cfg), **kwargs)

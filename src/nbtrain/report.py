@@ -1,0 +1,56 @@
+"""Summaries of a Run: a dict for code, a text table for people (and nbval)."""
+from __future__ import annotations
+
+import math
+
+
+def summarize(run) -> dict:
+    train = run.records("train")
+    val = run.records("val")
+    samples = sum(r["samples"] for r in train)
+    busy = sum(r["interval_s"] for r in train)
+    waited = sum(r["data_wait_s"] * r["steps"] for r in train)
+    out = {
+        "state": run.state, "message": run.message,
+        "steps": run.step, "total_steps": run.total_steps, "epochs": run.epoch,
+        "samples": samples,
+        "samples_per_s": samples / busy if busy else math.nan,
+        "step_time_s": busy / run.step if run.step and busy else math.nan,
+        "data_wait_frac": waited / busy if busy else math.nan,
+        "wall_s": run.wall_s,
+        "final_loss": train[-1]["loss"] if train else math.nan,
+        "peak_rss_mb": max((r["peak_rss_mb"] for r in train), default=math.nan),
+        "settings": {name: value for name, (value, _) in run.resolved.items()},
+        "reasons": {name: why for name, (_, why) in run.resolved.items()},
+    }
+    if any("cuda_peak_allocated_mb" in r for r in train):
+        out["peak_cuda_mb"] = max(r.get("cuda_peak_allocated_mb", 0.0) for r in train)
+    if val:
+        out["val_loss"] = val[-1]["val_loss"]
+        if "val_acc" in val[-1]:
+            out["val_acc"] = val[-1]["val_acc"]
+    return out
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def summary_table(run) -> str:
+    """Two blocks: results, then each resolved setting with its reason."""
+    s = summarize(run)
+    rows = [("state", s["state"]), ("steps", f"{s['steps']}/{s['total_steps']}"),
+            ("samples/s", f"{s['samples_per_s']:,.0f}" if s["samples"] else "-"),
+            ("wall time", f"{s['wall_s']:.2f} s"), ("final loss", _fmt(s["final_loss"]))]
+    for key, label in (("val_loss", "val loss"), ("val_acc", "val accuracy")):
+        if key in s:
+            rows.append((label, _fmt(s[key])))
+    if s["message"]:
+        rows.append(("note", s["message"]))
+    lines = [f"{k:<16}{v}" for k, v in rows]
+    lines.append("")
+    lines += [f"{name:<16}{_fmt(value):<10}{s['reasons'][name]}"
+              for name, value in s["settings"].items()]
+    return "\n".join(lines)

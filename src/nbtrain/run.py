@@ -1,0 +1,119 @@
+"""Run: the state and history of one training run, shared by the loop and its viewers."""
+from __future__ import annotations
+
+import threading
+import warnings
+from typing import Callable, Dict, List, Optional, Tuple
+
+from .config import TrainConfig
+
+STATES = ("created", "running", "finished", "stopped", "interrupted", "failed")
+
+
+class TrainingError(RuntimeError):
+    """Training failed; `.run` holds the Run with its model, optimizer and history intact."""
+
+    def __init__(self, message: str, run: "Run"):
+        super().__init__(message)
+        self.run = run
+
+
+class Run:
+    """One training run: live while it trains, complete afterwards.
+
+    >>> run = nt.fit(model, (x, y), loss_fn, config=nt.TrainConfig(max_steps=100))
+    >>> run.summary()["samples_per_s"]
+    """
+
+    def __init__(self, config: TrainConfig):
+        self.config = config
+        self.state = "created"
+        self.message = ""                   # why it ended, when not simply finished
+        self.error: Optional[BaseException] = None
+        self.history: List[dict] = []
+        self.resolved: Dict[str, Tuple[object, str]] = {}   # setting -> (value, reason)
+        self.notes: List[str] = []
+        self.model = self.optimizer = self.schedule = self.scaler = None
+        self.step = 0                       # optimizer steps done
+        self.epoch = 0
+        self.batch_in_epoch = 0             # batches of `epoch` already consumed
+        self.total_steps: Optional[int] = None
+        self.wall_s = 0.0
+        self._stop = threading.Event()
+        self._interrupted = False           # set by Ctrl-C: ends as "interrupted"
+        self._stage = "load"                # "load" or "step": where an error happened
+        self._rng_at_end = None
+        self._subscribers: List[Callable[[dict], None]] = []
+        self._thread: Optional[threading.Thread] = None
+        self._done = threading.Event()
+
+    # -- control, from any thread ---------------------------------------------------------
+    def stop(self) -> None:
+        """Stop at the next step boundary; model, optimizer and history are kept."""
+        self._stop.set()
+
+    def wait(self, timeout: Optional[float] = None) -> "Run":
+        """Block until a background run ends (returns at once for a blocking one)."""
+        self._done.wait(timeout)
+        return self
+
+    def set_lr(self, lr: float) -> None:
+        """Change the base LR live: the schedule applies it from the next step."""
+        if not lr > 0:
+            raise ValueError(f"lr must be > 0; got {lr!r}")
+        if self.schedule is None:
+            raise RuntimeError("this run has no schedule yet: set TrainConfig.lr instead")
+        self.schedule.base_lr = float(lr)
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+    # -- records ----------------------------------------------------------------------------
+    def subscribe(self, fn: Callable[[dict], None]) -> Callable[[dict], None]:
+        """Call `fn(record)` for each record from now on (in the training thread)."""
+        self._subscribers.append(fn)
+        return fn
+
+    def unsubscribe(self, fn: Callable[[dict], None]) -> None:
+        if fn in self._subscribers:
+            self._subscribers.remove(fn)
+
+    def _emit(self, record: dict, keep: bool = True) -> None:
+        if keep:
+            self.history.append(record)
+        for fn in list(self._subscribers):
+            try:
+                fn(record)
+            except Exception as exc:   # a broken viewer must not kill training
+                self.unsubscribe(fn)
+                warnings.warn(f"nbtrain: subscriber {fn!r} raised {exc!r}; it was removed.")
+
+    def records(self, kind: str = "train") -> List[dict]:
+        return [r for r in self.history if r["kind"] == kind]
+
+    # -- results ------------------------------------------------------------------------
+    def summary(self) -> dict:
+        """Throughput, time split, memory, final loss/metrics and the settings used."""
+        from .report import summarize
+        return summarize(self)
+
+    def summary_text(self) -> str:
+        from .report import summary_table
+        return summary_table(self)
+
+    def checkpoint(self) -> dict:
+        """Everything needed to resume exactly: see `nbtrain.checkpoint`."""
+        from .checkpoint import state_of
+        return state_of(self)
+
+    def save(self, path) -> str:
+        from .checkpoint import save
+        return save(self.checkpoint(), path)
+
+    def __repr__(self) -> str:
+        total = self.total_steps if self.total_steps is not None else "?"
+        last = self.records("train")[-1:] or [{}]
+        loss = last[0].get("loss")
+        loss_text = f", loss {loss:.4g}" if isinstance(loss, float) else ""
+        return f"<nbtrain.Run {self.state}: step {self.step}/{total}{loss_text}>"
