@@ -149,7 +149,7 @@ def _check_device(cfg: TrainConfig) -> None:
 
 def _check_counts(cfg: TrainConfig) -> None:
     positive = ("epochs", "batch_size", "grad_accum_steps", "log_every", "step_size",
-                "cycle_steps", "plateau_patience")
+                "cycle_steps")
     for name in positive:
         value = getattr(cfg, name)
         if not _is_int(value) or value < 1:
@@ -158,8 +158,10 @@ def _check_counts(cfg: TrainConfig) -> None:
         value = getattr(cfg, name)
         if value is not None and (not _is_int(value) or value < 1):
             _fail(name, value, "None or a whole number >= 1")
-    if not _is_int(cfg.warmup_steps) or cfg.warmup_steps < 0:
-        _fail("warmup_steps", cfg.warmup_steps, "a whole number >= 0")
+    for name in ("warmup_steps", "plateau_patience"):
+        value = getattr(cfg, name)
+        if not _is_int(value) or value < 0:
+            _fail(name, value, "a whole number >= 0")
     if not _is_int(cfg.seed):
         _fail("seed", cfg.seed, "a whole number")
 

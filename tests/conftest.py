@@ -1,0 +1,27 @@
+import pytest
+import torch
+from torch import nn
+
+import nbtrain as nt
+
+
+@pytest.fixture
+def blobs():
+    """A small, learnable 3-class problem: (inputs (512, 8), targets (512,))."""
+    gen = torch.Generator().manual_seed(0)
+    centers = torch.randn(3, 8, generator=gen) * 3
+    y = torch.randint(0, 3, (512,), generator=gen)
+    x = centers[y] + torch.randn(512, 8, generator=gen)
+    return x, y
+
+
+def mlp(dropout: float = 0.0) -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 32), nn.LayerNorm(32), nn.ReLU(), nn.Dropout(dropout),
+                         nn.Linear(32, 3))
+
+
+def quick(**overrides) -> nt.TrainConfig:
+    """A config for fast CPU tests: fp32 unless a test asks, no progress bar noise."""
+    base = dict(device="cpu", amp="off", batch_size=32, lr=1e-2, log_every=5)
+    base.update(overrides)
+    return nt.TrainConfig(**base)

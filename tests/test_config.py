@@ -1,0 +1,62 @@
+import pytest
+
+import nbtrain as nt
+from nbtrain import ConfigError, TrainConfig
+
+
+@pytest.mark.parametrize("field, value, allowed", [
+    ("amp", "fp8", "'off', 'fp16', 'bf16', 'auto'"),
+    ("optimizer", "adamx", "did you mean 'adam"),
+    ("scheduler", "cosin", "did you mean 'cosine'"),
+    ("batch_size", 0, "a whole number >= 1"),
+    ("epochs", 2.5, "a whole number >= 1"),
+    ("lr", -1.0, "a number > 0"),
+    ("device", "gpu", "'cuda:N'"),
+    ("num_workers", -1, "'auto' or a whole number >= 0"),
+    ("pin_memory", "yes", "True, False or 'auto'"),
+    ("betas", (0.9, 1.5), "two numbers in [0, 1)"),
+    ("on_nan", "ignore", "'stop', 'skip'"),
+    ("clip_grad_norm", 0, "None or a number > 0"),
+    ("multiprocessing_context", "threads", "'spawn'"),
+])
+def test_bad_value_names_field_value_and_what_is_allowed(field, value, allowed):
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(**{field: value})
+    text = str(err.value)
+    assert f"TrainConfig.{field}={value!r}" in text
+    assert allowed in text
+
+
+def test_config_error_is_a_value_error():
+    assert issubclass(ConfigError, ValueError)
+
+
+def test_unknown_name_suggests_the_closest():
+    with pytest.raises(ConfigError, match="Did you mean 'warmup_steps'"):
+        TrainConfig().replace(warmup_step=10)
+    with pytest.raises(ConfigError, match="Did you mean 'batch_size'"):
+        TrainConfig.from_dict({"batchsize": 4})
+
+
+def test_cross_field_rules():
+    with pytest.raises(ConfigError, match="nesterov"):
+        TrainConfig(optimizer="adam", nesterov=True)
+    with pytest.raises(ConfigError, match="min_lr"):
+        TrainConfig(lr=1e-3, min_lr=1e-2)
+    with pytest.raises(ConfigError, match="persistent_workers"):
+        TrainConfig(num_workers=0, persistent_workers=True)
+
+
+def test_round_trip_and_replace():
+    cfg = TrainConfig(epochs=3, amp="bf16", optimizer="sgd", momentum=0.8, nesterov=True,
+                      betas=(0.8, 0.9), scheduler="onecycle", num_workers=2)
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg
+    changed = cfg.replace(lr=0.5)
+    assert changed.lr == 0.5 and cfg.lr != 0.5
+    with pytest.raises(ConfigError):
+        cfg.replace(lr=0)
+
+
+def test_public_names():
+    for name in ("TrainConfig", "ConfigError", "fit", "Run", "schedule_preview", "datasets"):
+        assert hasattr(nt, name)

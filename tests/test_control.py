@@ -1,0 +1,220 @@
+"""Stopping, interrupts, failures, non-finite losses, checkpoints and host syncs."""
+import os
+import signal
+import threading
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import nbtrain as nt
+
+from conftest import mlp, quick
+
+
+def test_stop_from_another_thread_keeps_state(blobs):
+    started = threading.Event()
+    run = nt.fit(mlp(), blobs, F.cross_entropy, config=quick(max_steps=100_000, log_every=1),
+                 background=True, progress=False)
+    run.subscribe(lambda r: started.set())
+    assert started.wait(30)
+    threading.Thread(target=run.stop).start()
+    run.wait(30)
+    assert run.state == "stopped" and 0 < run.step < 100_000
+    assert run.history and run.optimizer.state   # kept, ready to resume
+
+
+def test_ctrl_c_stops_at_the_step_boundary(blobs, monkeypatch):
+    """A kernel interrupt is a SIGINT: the step in flight finishes, then the run ends."""
+    original = nt.Run._emit
+
+    def emit_then_press_ctrl_c(self, record, keep=True):
+        original(self, record, keep)
+        if record.get("kind") == "train" and record["step"] == 7:
+            os.kill(os.getpid(), signal.SIGINT)
+    monkeypatch.setattr(nt.Run, "_emit", emit_then_press_ctrl_c)
+    run = nt.fit(mlp(), blobs, F.cross_entropy, config=quick(max_steps=50, log_every=1),
+                 progress=False)
+    assert run.state == "interrupted" and run.step == 7
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # handler restored
+
+
+def test_keyboard_interrupt_inside_a_step_returns_an_interrupted_run(blobs):
+    class Breaks(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net, self.calls = mlp(), 0
+
+        def forward(self, x):
+            self.calls += 1
+            if self.calls == 6:
+                raise KeyboardInterrupt
+            return self.net(x)
+    run = nt.fit(Breaks(), blobs, F.cross_entropy, config=quick(max_steps=20), progress=False)
+    assert run.state == "interrupted" and run.step == 5
+    assert all(p.grad is None for p in run.model.parameters())
+
+
+def _train_straight_and_resumed(blobs, tmp_path, via):
+    cfg = quick(max_steps=50, optimizer="adamw", scheduler="cosine", warmup_steps=5,
+                batch_size=48, log_every=1, checkpoint_dir=str(tmp_path), checkpoint_every=27)
+
+    def new_model():
+        torch.manual_seed(1)
+        return mlp(dropout=0.3)
+    straight = new_model()
+    nt.fit(straight, blobs, F.cross_entropy, config=cfg, progress=False)
+
+    first = new_model()
+    run = nt.fit(first, blobs, F.cross_entropy, config=cfg, background=True, progress=False)
+    run.subscribe(lambda r: r.get("step") == 27 and run.stop())
+    run.wait()
+    torch.rand(100)   # the user does random things between runs: must not matter
+    assert run.state == "stopped" and run.step in (27, 28)
+    source = run if via == "run" else os.path.join(tmp_path, "last.pt")
+    resumed_model = new_model()
+    torch.nn.init.zeros_(resumed_model[0].weight)   # a different object, different weights
+    resumed = nt.fit(resumed_model, blobs, F.cross_entropy, config=cfg, resume=source,
+                     progress=False)
+    return straight, resumed_model, resumed
+
+
+def test_resume_from_a_run_is_bit_identical(blobs, tmp_path):
+    straight, resumed_model, resumed = _train_straight_and_resumed(blobs, tmp_path, "run")
+    assert resumed.step == 50
+    for a, b in zip(straight.state_dict().values(), resumed_model.state_dict().values()):
+        assert torch.equal(a, b)
+    assert [r["step"] for r in resumed.records("train")] == list(range(1, 51))
+
+
+def test_resume_from_a_checkpoint_file_is_bit_identical(blobs, tmp_path):
+    straight, resumed_model, resumed = _train_straight_and_resumed(blobs, tmp_path, "path")
+    for a, b in zip(straight.state_dict().values(), resumed_model.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_checkpoint_is_atomic_and_weights_only(blobs, tmp_path):
+    run = nt.fit(mlp(), blobs, F.cross_entropy,
+                 config=quick(max_steps=6, checkpoint_dir=str(tmp_path), checkpoint_every=2),
+                 progress=False)
+    assert os.listdir(tmp_path) == ["last.pt"]          # no temp files left behind
+    state = torch.load(tmp_path / "last.pt", weights_only=True)
+    assert state["position"]["step"] == 6
+    assert nt.TrainConfig.from_dict(state["config"]) == run.config
+    assert {"model", "optimizer", "schedule", "scaler", "rng", "history"} <= set(state)
+
+
+def test_bad_checkpoint_path_says_which(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        nt.fit(mlp(), (torch.randn(8, 8), torch.zeros(8, dtype=torch.long)), F.cross_entropy,
+               resume=str(tmp_path / "missing.pt"), progress=False)
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="junk.pt is not a readable nbtrain checkpoint"):
+        nt.fit(mlp(), (torch.randn(8, 8), torch.zeros(8, dtype=torch.long)), F.cross_entropy,
+               resume=str(junk), progress=False)
+
+
+class NaNAfter(nn.Module):
+    """Returns a non-finite output from its `bad`-th call on."""
+
+    def __init__(self, bad):
+        super().__init__()
+        self.net, self.calls, self.bad = nn.Linear(8, 3), 0, bad
+
+    def forward(self, x):
+        self.calls += 1
+        out = self.net(x)
+        return out * float("nan") if self.calls == self.bad else out
+
+
+def test_non_finite_loss_stops_and_names_the_step(blobs):
+    run = nt.fit(NaNAfter(13), blobs, F.cross_entropy, config=quick(max_steps=100, log_every=5),
+                 progress=False)
+    assert run.state == "stopped" and run.step == 15
+    assert "non-finite at step 13" in run.message
+    assert "non-finite at step 13" in run.summary_text()
+
+
+def test_non_finite_loss_skip_skips_the_update(blobs):
+    model = NaNAfter(3)
+    run = nt.fit(model, blobs, F.cross_entropy,
+                 config=quick(max_steps=10, on_nan="skip", optimizer="sgd"), progress=False)
+    assert run.state == "finished"
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert sum(r.get("skipped_steps", 0) for r in run.records("train")) == 1
+
+
+def test_a_batch_the_model_cannot_take(blobs):
+    model = nn.Linear(5, 3)   # the data has 8 features
+    with pytest.raises(nt.TrainingError) as err:
+        nt.fit(model, blobs, F.cross_entropy, config=quick(max_steps=5), progress=False)
+    text = str(err.value)
+    assert "batch 0 of epoch 0" in text and "mat1 and mat2" in text
+    assert err.value.run.state == "failed" and err.value.run.model is model
+
+
+def test_a_loss_that_is_not_a_scalar(blobs):
+    def per_sample(out, y):
+        return F.cross_entropy(out, y, reduction="none")
+    with pytest.raises(nt.TrainingError, match=r"scalar tensor; got a tensor of shape \(32,\)"):
+        nt.fit(mlp(), blobs, per_sample, config=quick(max_steps=5), progress=False)
+
+
+def test_a_dataset_with_mismatched_items_names_the_sample():
+    class Ragged(torch.utils.data.Dataset):
+        def __len__(self):
+            return 40
+
+        def __getitem__(self, i):
+            return torch.randn(7 if i == 23 else 8), 0
+    with pytest.raises(nt.TrainingError) as err:
+        nt.fit(mlp(), Ragged(), F.cross_entropy,
+               config=quick(max_steps=5, num_workers=0, shuffle=False), progress=False)
+    text = str(err.value)
+    assert "loading batch 0 of epoch 0" in text
+    assert "sample 23 has (a tensor of shape (7,)" in text
+
+
+def test_wrong_train_data_type():
+    with pytest.raises(TypeError, match="train_data must be a map-style Dataset"):
+        nt.fit(mlp(), 42, F.cross_entropy, progress=False)
+    with pytest.raises(ValueError, match="same length"):
+        nt.fit(mlp(), (torch.randn(10, 8), torch.zeros(9)), F.cross_entropy, progress=False)
+
+
+def test_the_loop_reads_the_host_once_per_interval(blobs, monkeypatch):
+    reads = {"n": 0}
+    for name in ("item", "tolist", "__float__", "__bool__", "__int__"):
+        original = getattr(torch.Tensor, name)
+
+        def counting(self, *a, _original=original, **k):
+            reads["n"] += 1
+            return _original(self, *a, **k)
+        monkeypatch.setattr(torch.Tensor, name, counting)
+    run = nt.fit(mlp(), blobs, F.cross_entropy,
+                 config=quick(max_steps=500, log_every=50, shuffle=False), progress=False)
+    monkeypatch.undo()
+    assert run.step == 500
+    intervals = len(run.records("train"))
+    assert intervals >= 10
+    assert intervals <= reads["n"] <= 2 * intervals, f"{reads['n']} reads, {intervals} intervals"
+
+
+def test_workers_really_load_in_another_process():
+    class Pids(torch.utils.data.Dataset):
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            return torch.randn(8), torch.tensor(os.getpid())
+    pids = []
+
+    def loss(out, pid):
+        pids.extend(pid.tolist())
+        return out.sum() * 0
+    run = nt.fit(nn.Linear(8, 3), Pids(), loss, config=quick(max_steps=2, num_workers=1),
+                 progress=False)
+    assert run.resolved["num_workers"][0] == 1
+    assert pids and os.getpid() not in pids

@@ -1,0 +1,191 @@
+"""The loop: precision, optimizers, schedules, the step, validation and records."""
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import nbtrain as nt
+from nbtrain.optim import param_groups
+
+from conftest import mlp, quick
+
+
+def test_trains_and_validates(blobs):
+    x, y = blobs
+    run = nt.fit(mlp(), (x, y), F.cross_entropy, config=quick(epochs=3), val_data=(x, y),
+                 progress=False)
+    assert run.state == "finished" and run.step == run.total_steps == 3 * 16
+    s = run.summary()
+    assert s["val_acc"] > 0.9 and s["final_loss"] < 0.5
+    train = run.records("train")
+    for key in ("step", "epoch", "loss", "lr", "samples_per_s", "step_time_s", "data_wait_s",
+                "rss_mb"):
+        assert key in train[0]
+    assert [r["epoch"] for r in run.records("val")] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("amp, dtype", [("bf16", torch.bfloat16), ("off", torch.float32)])
+def test_autocast_really_runs_matmuls_in_the_asked_precision(blobs, amp, dtype):
+    model = mlp()
+    seen = set()
+    model[0].register_forward_hook(lambda mod, inp, out: seen.add(out.dtype))
+    run = nt.fit(model, blobs, F.cross_entropy, config=quick(amp=amp, max_steps=3), progress=False)
+    assert seen == {dtype}
+    assert run.resolved["amp"][0] == amp
+    assert model[0].weight.dtype == torch.float32   # master weights stay fp32
+
+
+def test_amp_auto_says_why():
+    run = nt.fit(mlp(), (torch.randn(64, 8), torch.randint(0, 3, (64,))), F.cross_entropy,
+                 config=quick(amp="auto", max_steps=1), progress=False)
+    value, why = run.resolved["amp"]
+    assert value in ("bf16", "off") and why
+    if value == "bf16":
+        assert "avx512_bf16" in why or "amx" in why
+
+
+def test_fp16_uses_a_grad_scaler(blobs):
+    run = nt.fit(mlp(), blobs, F.cross_entropy, config=quick(amp="fp16", max_steps=4),
+                 progress=False)
+    assert run.scaler.is_enabled() and run.scaler.get_scale() > 0
+    assert run.state == "finished"
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam", "adamw", "radam", "nadam", "rmsprop", "adagrad"])
+def test_every_optimizer_trains(blobs, name):
+    model = mlp()
+    extra = {"nesterov": True} if name == "sgd" else {}
+    run = nt.fit(model, blobs, F.cross_entropy,
+                 config=quick(optimizer=name, epochs=2, weight_decay=0.01, **extra), progress=False)
+    first, last = run.records("train")[0]["loss"], run.records("train")[-1]["loss"]
+    assert last < first
+    assert type(run.optimizer).__name__.lower() == name
+
+
+def test_fused_kernel_where_the_device_has_one(blobs):
+    run = nt.fit(mlp(), blobs, F.cross_entropy, config=quick(optimizer="adamw", max_steps=1),
+                 progress=False)
+    assert run.resolved["optimizer_impl"][0] == "fused"
+    assert run.optimizer.defaults["fused"] is True
+
+
+def test_no_weight_decay_on_biases_and_norm_weights():
+    model = mlp()
+    groups = param_groups(model, nt.TrainConfig(weight_decay=0.1))
+    decayed = {id(p) for p in groups[0]["params"]}
+    assert decayed == {id(model[0].weight), id(model[4].weight)}
+    assert groups[1]["weight_decay"] == 0.0
+    assert id(model[1].weight) in {id(p) for p in groups[1]["params"]}   # LayerNorm scale
+    everything = param_groups(model, nt.TrainConfig(weight_decay=0.1, decay_norm_and_bias=True))
+    assert len(everything) == 1
+
+
+@pytest.mark.parametrize("scheduler", ["constant", "linear", "cosine", "step", "exponential",
+                                       "onecycle", "cyclic", "plateau"])
+def test_preview_is_exactly_what_the_run_applies(blobs, scheduler):
+    cfg = quick(max_steps=40, scheduler=scheduler, warmup_steps=5, log_every=1, lr=0.05,
+                min_lr=0.001, step_size=10, gamma=0.9, cycle_steps=12)
+    applied = []
+    model = mlp()
+    run = nt.fit(model, blobs, F.cross_entropy, config=cfg, progress=False,
+                 background=True)
+    run.wait()
+    applied = [r["lr"] for r in run.records("train")]
+    assert applied == nt.schedule_preview(cfg, 40)
+
+
+def test_schedule_shapes():
+    cfg = nt.TrainConfig(lr=1.0, scheduler="cosine", warmup_steps=10, min_lr=0.1)
+    lrs = nt.schedule_preview(cfg, 110)
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)   # warmup
+    assert lrs[-1] == pytest.approx(0.1, abs=1e-3)
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))                 # cosine falls
+    cyc = nt.schedule_preview(nt.TrainConfig(lr=1.0, scheduler="cyclic", cycle_steps=10), 20)
+    assert cyc[5] == pytest.approx(1.0) and cyc[10] == pytest.approx(0.0)
+    one = nt.schedule_preview(nt.TrainConfig(lr=1.0, scheduler="onecycle"), 100)
+    assert one[0] == pytest.approx(1 / 25) and max(one) == pytest.approx(1.0)
+    assert one[-1] == pytest.approx(1 / 25 / 1e4)
+
+
+def test_plateau_cuts_lr_when_validation_stalls(blobs):
+    x, y = blobs
+    cfg = quick(epochs=6, scheduler="plateau", plateau_patience=0, plateau_factor=0.5, lr=1e-6)
+    run = nt.fit(mlp(), (x, y), F.cross_entropy, config=cfg, val_data=(x[:64] * 0, y[:64]),
+                 progress=False)
+    assert run.schedule.plateau_scale < 1.0
+
+
+def test_grad_accumulation_matches_the_big_batch(blobs):
+    def train(batch_size, accum):
+        torch.manual_seed(0)
+        model = nn.Linear(8, 3)
+        cfg = quick(batch_size=batch_size, grad_accum_steps=accum, optimizer="sgd",
+                    momentum=0.0, shuffle=False, max_steps=8)
+        nt.fit(model, blobs, F.cross_entropy, config=cfg, progress=False)
+        return model.weight.detach()
+    torch.testing.assert_close(train(64, 1), train(16, 4), rtol=1e-5, atol=1e-6)
+
+
+def test_clip_grad_norm_bounds_the_update(blobs):
+    torch.manual_seed(0)
+    model = nn.Linear(8, 3)
+    before = [p.detach().clone() for p in model.parameters()]
+    cfg = quick(optimizer="sgd", momentum=0.0, lr=1.0, clip_grad_norm=0.01, max_steps=1)
+    nt.fit(model, blobs, F.cross_entropy, config=cfg, progress=False)
+    moved = torch.sqrt(sum(((p - b) ** 2).sum() for p, b in zip(model.parameters(), before)))
+    assert moved.item() == pytest.approx(0.01, rel=1e-3)
+
+
+def test_channels_last(blobs):
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+    seen = []
+    model[0].register_forward_pre_hook(lambda m, inp: seen.append(
+        inp[0].is_contiguous(memory_format=torch.channels_last)))
+    x = torch.randn(64, 1, 8, 8)
+    y = torch.randint(0, 3, (64,))
+    nt.fit(model, (x, y), F.cross_entropy, config=quick(channels_last=True, max_steps=2),
+           progress=False)
+    assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert seen and all(seen)
+
+
+def test_model_returning_its_own_loss(blobs):
+    class WithLoss(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = mlp()
+
+        def forward(self, batch):
+            x, y = batch
+            return {"loss": F.cross_entropy(self.net(x), y)}
+    run = nt.fit(WithLoss(), blobs, None, config=quick(epochs=2), progress=False)
+    assert run.records("train")[-1]["loss"] < run.records("train")[0]["loss"]
+
+
+def test_accepts_dataset_and_dataloader(blobs):
+    x, y = blobs
+    ds = torch.utils.data.TensorDataset(x, y)
+    run = nt.fit(mlp(), ds, F.cross_entropy, config=quick(max_steps=3), progress=False)
+    assert run.resolved["batched_fetch"][0] is True
+    loader = torch.utils.data.DataLoader(ds, batch_size=16)
+    run = nt.fit(mlp(), loader, F.cross_entropy, config=quick(epochs=1), progress=False)
+    assert run.total_steps == 32
+    assert "your DataLoader" in run.resolved["num_workers"][1]
+
+
+def test_history_fields_are_plain_numbers(blobs):
+    run = nt.fit(mlp(), blobs, F.cross_entropy, config=quick(max_steps=10), progress=False)
+    for record in run.history:
+        for value in record.values():
+            assert isinstance(value, (int, float, str)), record
+
+
+def test_compile_when_asked():
+    pytest.importorskip("torch._dynamo")
+    model = nn.Linear(8, 3)
+    run = nt.fit(model, (torch.randn(32, 8), torch.randint(0, 3, (32,))), F.cross_entropy,
+                 config=quick(compile=True, max_steps=2), progress=False)
+    assert run.state == "finished"
+    assert math.isfinite(run.records("train")[-1]["loss"])

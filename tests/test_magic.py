@@ -1,0 +1,458 @@
+"""%%fasttrain, run the way a notebook runs it: `run_cell` in a real InteractiveShell.
+
+Tests of how options map onto TrainConfig replace `nbtrain.fit` with a recorder (some
+options, such as --compile or --device cuda, cannot train on a CI CPU); the rest train
+tiny models with the real engine in well under a second each.
+"""
+import re
+import sys
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from torch import nn
+
+import nbtrain
+from nbtrain import magic
+from nbtrain.config import FIELD_NAMES, ConfigError, TrainConfig
+
+CELL = """
+model = nn.Linear(8, 3)
+train_data = (torch.randn(256, 8), torch.randint(0, 3, (256,)))
+loss_fn = nn.CrossEntropyLoss()
+"""
+
+
+@pytest.fixture
+def shell():
+    ip = InteractiveShell.instance()
+    ip.push({"torch": torch, "nn": nn, "TrainConfig": TrainConfig})
+    yield ip
+    if "nbtrain" in ip.extension_manager.loaded:
+        ip.run_line_magic("unload_ext", "nbtrain")
+    magic.unload_ipython_extension(ip)
+    for name in set(ip.user_ns) - set(ip.user_ns_hidden):   # what the test defined
+        del ip.user_ns[name]
+
+
+@pytest.fixture
+def ip(shell):
+    magic.load_ipython_extension(shell)
+    return shell
+
+
+class FakeRun:
+    def __init__(self, config, state="finished"):
+        self.config, self.state, self.step = config, state, config.max_steps or 0
+
+    def summary_text(self):
+        return "SUMMARY TABLE"
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Replace nbtrain.fit with a recorder; each call's arguments land in the list."""
+    recorded = []
+
+    def fake_fit(model, train_data, loss_fn=None, **kwargs):
+        recorded.append(dict(model=model, train_data=train_data, loss_fn=loss_fn, **kwargs))
+        return FakeRun(kwargs["config"])
+
+    monkeypatch.setattr(nbtrain, "fit", fake_fit)
+    return recorded
+
+
+def usage_error(ip, cell):
+    """Run a cell the way a notebook does; return the UsageError it showed."""
+    result = ip.run_cell(cell)
+    assert type(result.error_in_exec) is UsageError, result.error_in_exec
+    return str(result.error_in_exec)
+
+
+def config_error_text(**settings) -> str:
+    with pytest.raises(ConfigError) as info:
+        TrainConfig(**settings)
+    return str(info.value)
+
+
+# -- loading ------------------------------------------------------------------------------
+
+def test_load_ext_registers_and_unload_removes_cleanly(shell):
+    assert shell.find_cell_magic("fasttrain") is None
+    shell.run_line_magic("load_ext", "nbtrain")
+    assert shell.find_cell_magic("fasttrain") is not None
+    assert shell.find_line_magic("fasttrain") is not None
+
+    shell.run_line_magic("unload_ext", "nbtrain")
+    assert shell.find_cell_magic("fasttrain") is None
+    assert shell.find_line_magic("fasttrain") is None
+    assert "FastTrainMagics" not in shell.magics_manager.registry
+    assert shell.find_cell_magic("capture") is not None   # other magics untouched
+    assert "not found" in usage_error(shell, "%%fasttrain\nx = 1")
+
+    shell.run_line_magic("load_ext", "nbtrain")   # loads again after an unload
+    assert shell.find_cell_magic("fasttrain") is not None
+
+
+def test_unload_leaves_another_fasttrain_alone(shell):
+    shell.register_magic_function(lambda line, cell: None, "cell", "fasttrain")
+    magic.unload_ipython_extension(shell)
+    assert shell.find_cell_magic("fasttrain") is not None
+    del shell.magics_manager.magics["cell"]["fasttrain"]
+
+
+# -- help -----------------------------------------------------------------------------------
+
+ISSUE_OPTIONS = """--epochs --max-steps --batch-size --amp --pin --no-pin --workers --prefetch
+    --persistent --no-persistent --on-device --optimizer --lr --wd --momentum --nesterov
+    --betas --scheduler --warmup --min-lr --accum --clip --channels-last --compile
+    --log-every --seed --device --config --panel --background --out --resume --model
+    --data --loss --val""".split()
+
+
+def test_help_lists_every_option_with_its_default(ip, capsys):
+    ip.run_cell("%%fasttrain?")
+    text = capsys.readouterr().out
+    for option in ISSUE_OPTIONS:
+        assert re.search(re.escape(option) + r"(?![\w-])", text), option
+    for default in ("(default: adamw)", "(default: 0.001)", "(default: 64)",
+                    "(default: auto)", "(default: 0.9,0.999)", "(default: run)",
+                    "(default: model)", "(default: train_data)", "(default: constant)"):
+        assert default in text, default
+    help_lines = [ln for ln in text.splitlines() if ln.strip().startswith("--")]
+    assert len(help_lines) == len(magic.FastTrainMagics.fasttrain.parser._actions)
+
+
+def test_help_defaults_follow_trainconfig():
+    doc = magic.FastTrainMagics.fasttrain.__doc__
+    cfg = TrainConfig()
+    assert f"(default: {cfg.epochs})" in doc
+    assert f"(default: {cfg.log_every})" in doc
+    assert f"(default: {cfg.optimizer})" in doc
+
+
+# -- every option reaches the config --------------------------------------------------------
+
+OPTIONS = [
+    ("--epochs 3", dict(epochs=3)),
+    ("--max-steps 7", dict(max_steps=7)),
+    ("--batch-size 32", dict(batch_size=32)),
+    ("--amp bf16", dict(amp="bf16")),
+    ("--amp off", dict(amp="off")),
+    ("--pin", dict(pin_memory=True)),
+    ("--no-pin", dict(pin_memory=False)),
+    ("--workers 2", dict(num_workers=2)),
+    ("--workers auto", dict(num_workers="auto")),
+    ("--workers 2 --prefetch 4", dict(num_workers=2, prefetch_factor=4)),
+    ("--workers 2 --persistent", dict(num_workers=2, persistent_workers=True)),
+    ("--no-persistent", dict(persistent_workers=False)),
+    ("--on-device", dict(data_on_device=True)),
+    ("--no-on-device", dict(data_on_device=False)),
+    ("--optimizer sgd", dict(optimizer="sgd")),
+    ("--lr 0.05", dict(lr=0.05)),
+    ("--lr 3e-4", dict(lr=3e-4)),
+    ("--wd 0.01", dict(weight_decay=0.01)),
+    ("--optimizer sgd --momentum 0.8", dict(optimizer="sgd", momentum=0.8)),
+    ("--optimizer sgd --nesterov", dict(optimizer="sgd", nesterov=True)),
+    ("--no-nesterov", dict(nesterov=False)),
+    ("--betas 0.9,0.95", dict(betas=(0.9, 0.95))),
+    ("--scheduler cosine", dict(scheduler="cosine")),
+    ("--warmup 5", dict(warmup_steps=5)),
+    ("--min-lr 1e-5", dict(min_lr=1e-5)),
+    ("--accum 4", dict(grad_accum_steps=4)),
+    ("--clip 1.0", dict(clip_grad_norm=1.0)),
+    ("--channels-last", dict(channels_last=True)),
+    ("--no-channels-last", dict(channels_last=False)),
+    ("--compile", dict(compile=True)),
+    ("--no-compile", dict(compile=False)),
+    ("--log-every 5", dict(log_every=5)),
+    ("--seed 7", dict(seed=7)),
+    ("--device cpu", dict(device="cpu")),
+    ("--device cuda:1", dict(device="cuda:1")),
+]
+
+
+@pytest.mark.parametrize("options, changes", OPTIONS, ids=[o for o, _ in OPTIONS])
+def test_option_reaches_config(ip, calls, options, changes):
+    ip.run_cell(f"%%fasttrain {options}\n{CELL}")
+    assert len(calls) == 1
+    assert calls[0]["config"] == TrainConfig(**changes)
+    assert ip.user_ns["run"].config == TrainConfig(**changes)
+
+
+def test_option_table_covers_every_config_option():
+    """A new TrainConfig option in the magic needs a row in OPTIONS."""
+    parser = magic.FastTrainMagics.fasttrain.parser
+    in_magic = {a.dest for a in parser._actions if a.dest in FIELD_NAMES}
+    tested = {name for _, changes in OPTIONS for name in changes}
+    assert in_magic == tested
+    assert len(in_magic) == 25
+
+
+def test_defaults_come_from_trainconfig(ip, calls):
+    ip.run_cell(f"%%fasttrain\n{CELL}")
+    (call,) = calls
+    ns = ip.user_ns
+    assert call["config"] == TrainConfig()
+    assert call["model"] is ns["model"]
+    assert call["train_data"] is ns["train_data"]
+    assert call["loss_fn"] is ns["loss_fn"]
+    assert call["val_data"] is None and call["resume"] is None
+    assert call["background"] is False and call["progress"] == "auto"
+    assert ns["run"].config == TrainConfig()
+
+
+def test_without_loss_fn_the_model_returns_the_loss(ip, calls):
+    ip.run_cell("%%fasttrain\nmodel = nn.Linear(8, 1)\ntrain_data = torch.randn(16, 8)")
+    assert calls[0]["loss_fn"] is None
+
+
+def test_val_data_is_used_when_defined(ip, calls):
+    ip.run_cell(f"%%fasttrain\n{CELL}\nval_data = (torch.randn(32, 8), torch.zeros(32).long())")
+    assert calls[0]["val_data"] is ip.user_ns["val_data"]
+
+
+def test_other_variable_names(ip, calls):
+    ip.run_cell("%%fasttrain --model net --data xy --loss crit --val held_out\n"
+                "net = nn.Linear(8, 3)\n"
+                "xy = (torch.randn(64, 8), torch.randint(0, 3, (64,)))\n"
+                "crit = nn.CrossEntropyLoss()\n"
+                "held_out = (torch.randn(16, 8), torch.randint(0, 3, (16,)))\n")
+    ns, (call,) = ip.user_ns, calls
+    assert call["model"] is ns["net"] and call["train_data"] is ns["xy"]
+    assert call["loss_fn"] is ns["crit"] and call["val_data"] is ns["held_out"]
+
+
+def test_option_values_expand_python_variables(ip, calls):
+    ip.push({"steps": 9, "lr": 0.02})
+    ip.run_cell("%%fasttrain --max-steps {steps} --lr $lr\n" + CELL)
+    assert calls[0]["config"].max_steps == 9 and calls[0]["config"].lr == 0.02
+
+
+# -- --config, --out, --background, --panel -------------------------------------------------
+
+def test_config_is_the_base_and_only_given_options_override_it(ip, calls):
+    base = TrainConfig(optimizer="sgd", lr=0.1, epochs=5, momentum=0.5)
+    ip.push({"base": base})
+    ip.run_cell(f"%%fasttrain --config base --epochs 2 --nesterov\n{CELL}")
+    assert calls[0]["config"] == base.replace(epochs=2, nesterov=True)
+    assert base.epochs == 5 and base.nesterov is False   # the user's config is not changed
+
+
+def test_config_can_come_from_the_cell_body(ip, calls):
+    ip.run_cell(f"%%fasttrain --config cfg\ncfg = TrainConfig(lr=0.5)\n{CELL}")
+    assert calls[0]["config"] == TrainConfig(lr=0.5)
+
+
+def test_config_must_name_a_trainconfig(ip, calls):
+    ip.push({"cfg": {"lr": 0.1}, "good": TrainConfig()})
+    message = usage_error(ip, f"%%fasttrain --config cfg\n{CELL}")
+    assert "--config cfg: expected a TrainConfig, found dict" in message
+    message = usage_error(ip, f"%%fasttrain --config nope\n{CELL}")
+    assert "'nope'" in message and "TrainConfigs in the namespace: good" in message
+    assert calls == []
+
+
+def test_out_names_the_run_variable(ip, calls):
+    ip.run_cell(f"%%fasttrain --out first\n{CELL}")
+    assert isinstance(ip.user_ns["first"], FakeRun) and "run" not in ip.user_ns
+    assert "--out '2nd': expected a Python variable name" in usage_error(
+        ip, f"%%fasttrain --out 2nd\n{CELL}")
+
+
+def test_background_puts_the_run_in_the_namespace_at_once(ip, calls, capsys):
+    ip.run_cell(f"%%fasttrain --background\n{CELL}")
+    assert calls[0]["background"] is True
+    out = capsys.readouterr().out
+    assert "the Run is in `run`" in out and "run.stop()" in out
+    assert "SUMMARY TABLE" not in out   # not finished yet: no summary
+
+
+def test_panel_falls_back_to_the_progress_bar(ip, calls, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "nbtrain.dashboard", None)   # import fails
+    ip.run_cell(f"%%fasttrain --panel\n{CELL}")
+    assert calls[0]["progress"] == "auto"
+    out = capsys.readouterr().out
+    assert out.count("not available yet") == 1
+    assert "SUMMARY TABLE" in out
+
+
+# -- user errors: a UsageError with the fix, no traceback ----------------------------------
+
+@pytest.mark.parametrize("options, settings", [
+    ("--amp fp8", dict(amp="fp8")),
+    ("--optimizer adamm", dict(optimizer="adamm")),
+    ("--scheduler cosin", dict(scheduler="cosin")),
+    ("--lr -1", dict(lr=-1.0)),
+    ("--epochs 0", dict(epochs=0)),
+    ("--nesterov", dict(nesterov=True)),
+    ("--workers 0 --persistent", dict(num_workers=0, persistent_workers=True)),
+    ("--betas 0.9,1.5", dict(betas=(0.9, 1.5))),
+    ("--device gpu", dict(device="gpu")),
+])
+def test_bad_value_shows_the_configerror_text_before_the_body_runs(
+        ip, calls, capsys, options, settings):
+    message = usage_error(ip, f"%%fasttrain {options}\nran = True\n{CELL}")
+    assert message == config_error_text(**settings)
+    assert "ran" not in ip.user_ns and calls == []
+    err = capsys.readouterr().err
+    assert f"UsageError: {message}" in err and "Traceback" not in err
+
+
+def test_bad_value_over_a_config_shows_the_configerror_text(ip, calls):
+    ip.push({"cfg": TrainConfig(optimizer="sgd", momentum=0.0)})
+    message = usage_error(ip, f"%%fasttrain --config cfg --nesterov\n{CELL}")
+    assert message == config_error_text(optimizer="sgd", momentum=0.0, nesterov=True)
+
+
+@pytest.mark.parametrize("options, expected", [
+    ("--epochs three", "argument --epochs: invalid int value: 'three'"),
+    ("--workers many", "argument --workers: expected 'auto' or a whole number"),
+    ("--betas 0.9", "argument --betas: expected two numbers separated by a comma"),
+    ("--betas a,b", "argument --betas: expected two numbers separated by a comma"),
+    ("--lr", "argument --lr: expected one argument"),
+    ("--epoch-count 3", "unrecognized arguments: --epoch-count 3"),
+])
+def test_malformed_option_is_a_usage_error(ip, calls, options, expected):
+    assert expected in usage_error(ip, f"%%fasttrain {options}\n{CELL}")
+    assert calls == []
+
+
+def test_missing_model_names_it_and_lists_what_the_cell_defined(ip, calls, capsys):
+    message = usage_error(ip, "%%fasttrain\nimport math\nnet = nn.Linear(8, 3)\n"
+                              "train_data = (torch.randn(8, 8), torch.zeros(8).long())\n")
+    assert message == ("No variable named 'model' (the model). The cell defined: "
+                       "net (Linear), train_data (tuple). Define 'model', or pass "
+                       "--model NAME to use another variable.")
+    assert "Traceback" not in capsys.readouterr().err
+    assert calls == []
+
+
+def test_missing_data_with_an_empty_cell(ip, calls):
+    ip.push({"model": nn.Linear(8, 3)})
+    message = usage_error(ip, "%%fasttrain\n# nothing here\n")
+    assert "No variable named 'train_data' (the training data)" in message
+    assert "The cell defined: none" in message and "--data NAME" in message
+
+
+def test_missing_named_loss_and_val(ip, calls):
+    assert "No variable named 'crit' (the loss)" in usage_error(
+        ip, f"%%fasttrain --loss crit\n{CELL}")
+    assert "No variable named 'held' (the validation data)" in usage_error(
+        ip, f"%%fasttrain --val held\n{CELL}")
+    assert calls == []
+
+
+def test_model_must_be_a_module(ip, calls):
+    message = usage_error(ip, "%%fasttrain\nmodel = torch.randn(3)\ntrain_data = torch.randn(4, 3)")
+    assert message.startswith("'model' is a Tensor, not a torch.nn.Module")
+
+
+def test_failing_body_stops_before_training(ip, calls, capsys):
+    message = usage_error(ip, f"%%fasttrain\n{CELL}\n1 / 0\n")
+    assert "The cell body failed" in message
+    shown = capsys.readouterr()
+    assert "ZeroDivisionError" in shown.out + shown.err   # the user's own error, as usual
+    assert calls == []
+
+
+def test_configerror_from_the_engine_is_a_usage_error(ip, monkeypatch):
+    def fit(*args, **kwargs):
+        raise ConfigError("TrainConfig.device='cuda' is not allowed: expected a visible GPU.")
+    monkeypatch.setattr(nbtrain, "fit", fit)
+    assert usage_error(ip, f"%%fasttrain\n{CELL}") == (
+        "TrainConfig.device='cuda' is not allowed: expected a visible GPU.")
+
+
+def test_resume_must_name_a_run_or_a_checkpoint(ip, calls):
+    ip.push({"old": FakeRun(TrainConfig()), "x": 3})
+    message = usage_error(ip, f"%%fasttrain --resume nope\n{CELL}")
+    assert "No variable named 'nope' (a Run to continue)" in message
+    assert "Runs in the namespace: old" in message
+    assert "--resume x: expected a Run" in usage_error(ip, f"%%fasttrain --resume x\n{CELL}")
+    assert calls == []
+
+
+# -- the real engine --------------------------------------------------------------------------
+
+def test_trains_and_prints_the_summary(ip, capsys):
+    ip.run_cell(f"%%fasttrain --max-steps 4 --device cpu --log-every 2 --lr 0.01\n{CELL}")
+    run = ip.user_ns["run"]
+    assert run.state == "finished" and run.step == 4
+    assert run.config == TrainConfig(max_steps=4, device="cpu", log_every=2, lr=0.01)
+    assert run.model is ip.user_ns["model"]
+    out = capsys.readouterr().out
+    assert run.summary_text() in out
+    assert "state           finished" in out
+
+
+class Interrupting(nn.Module):
+    """A model whose forward raises KeyboardInterrupt on call `at`, as a kernel interrupt would."""
+
+    def __init__(self, at: int):
+        super().__init__()
+        self.lin, self.calls, self.at = nn.Linear(8, 3), 0, at
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == self.at:
+            raise KeyboardInterrupt
+        return self.lin(x)
+
+
+def test_interrupt_leaves_a_run_ready_to_resume(ip, capsys):
+    ip.push({"Interrupting": Interrupting})
+    result = ip.run_cell("%%fasttrain --max-steps 8 --device cpu --lr 0.01 --log-every 1\n"
+                         + CELL.replace("nn.Linear(8, 3)", "Interrupting(at=4)"))
+    assert result.success
+    run = ip.user_ns["run"]
+    assert run.state == "interrupted" and run.step == 3
+    out = capsys.readouterr().out
+    assert "Interrupted at step 3; the Run is in `run`." in out
+    assert "%fasttrain --resume run" in out
+
+    ip.run_cell("%fasttrain --resume run")   # the line form needs no cell body
+    resumed = ip.user_ns["run"]
+    assert resumed.state == "finished" and resumed.step == 8
+    assert resumed.config == run.config   # the interrupted run's settings carry over
+    assert [r["step"] for r in resumed.records("train")] == list(range(1, 9))
+
+
+def test_resume_with_overrides_in_cell_form(ip):
+    ip.run_cell(f"%%fasttrain --max-steps 3 --device cpu --lr 0.01\n{CELL}")
+    ip.run_cell("%%fasttrain --resume run --max-steps 6 --out longer\npass\n")
+    first, longer = ip.user_ns["run"], ip.user_ns["longer"]
+    assert first.step == 3 and longer.step == 6 and longer.state == "finished"
+    assert longer.config == first.config.replace(max_steps=6)
+
+
+def test_resume_from_a_checkpoint_path(ip, tmp_path):
+    ip.run_cell(f"%%fasttrain --max-steps 3 --device cpu --lr 0.01\n{CELL}")
+    path = ip.user_ns["run"].save(tmp_path / "last.pt")
+    ip.push({"ckpt": path})
+    ip.run_cell("%fasttrain --resume ckpt --max-steps 5")
+    run = ip.user_ns["run"]
+    assert run.step == 5 and run.config.lr == 0.01 and run.config.max_steps == 5
+    missing = tmp_path / "nope.pt"
+    ip.push({"ckpt": str(missing)})
+    assert usage_error(ip, "%fasttrain --resume ckpt").startswith(
+        f"--resume {missing}: no checkpoint at {missing}")
+
+
+def test_training_failure_keeps_the_failed_run(ip, capsys):
+    ip.push({"Interrupting": Interrupting})
+    message = usage_error(ip, "%%fasttrain --max-steps 4 --device cpu\n"
+                              "model = nn.Linear(5, 3)\n"   # wrong input width
+                              "train_data = (torch.randn(64, 8), torch.zeros(64).long())\n"
+                              "loss_fn = nn.CrossEntropyLoss()\n")
+    assert message.startswith("Training failed: the training step failed on batch 0")
+    assert message.endswith("The failed Run is in `run`.")
+    assert ip.user_ns["run"].state == "failed"
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_background_run_finishes(ip):
+    ip.run_cell(f"%%fasttrain --background --max-steps 3 --device cpu\n{CELL}")
+    run = ip.user_ns["run"].wait(timeout=60)
+    assert run.state == "finished" and run.step == 3
