@@ -117,7 +117,7 @@ def test_help_lists_every_option_with_its_default(ip, capsys):
     for option in ISSUE_OPTIONS:
         assert re.search(re.escape(option) + r"(?![\w-])", text), option
     for default in ("(default: adamw)", "(default: 0.001)", "(default: 64)",
-                    "(default: auto)", "(default: 0.9,0.999)", "(default: run)",
+                    "(default: auto)", "(default: 0.9,0.999)", "(default: run,",
                     "(default: model)", "(default: train_data)", "(default: constant)"):
         assert default in text, default
     help_lines = [ln for ln in text.splitlines() if ln.strip().startswith("--")]
@@ -366,10 +366,12 @@ def test_configerror_from_the_engine_is_a_usage_error(ip, monkeypatch):
 
 
 def test_resume_must_name_a_run_or_a_checkpoint(ip, calls):
-    ip.push({"old": FakeRun(TrainConfig()), "x": 3})
+    ip.push({"old": FakeRun(TrainConfig()), "x": 3, "busy": FakeRun(TrainConfig(), "running")})
+    assert "--resume busy: that Run is still training. Call busy.stop()" in usage_error(
+        ip, f"%%fasttrain --resume busy\n{CELL}")
     message = usage_error(ip, f"%%fasttrain --resume nope\n{CELL}")
     assert "No variable named 'nope' (a Run to continue)" in message
-    assert "Runs in the namespace: old" in message
+    assert "Runs in the namespace: old, busy" in message
     assert "--resume x: expected a Run" in usage_error(ip, f"%%fasttrain --resume x\n{CELL}")
     assert calls == []
 
@@ -417,6 +419,18 @@ def test_interrupt_leaves_a_run_ready_to_resume(ip, capsys):
     assert resumed.state == "finished" and resumed.step == 8
     assert resumed.config == run.config   # the interrupted run's settings carry over
     assert [r["step"] for r in resumed.records("train")] == list(range(1, 9))
+
+
+def test_interrupt_hint_repeats_the_variable_names(ip, capsys):
+    ip.push({"Interrupting": Interrupting})
+    ip.run_cell("%%fasttrain --max-steps 4 --device cpu --model net --loss crit --out r\n"
+                + CELL.replace("model = nn.Linear(8, 3)", "net = Interrupting(at=2)")
+                .replace("loss_fn", "crit"))
+    assert ip.user_ns["r"].state == "interrupted"
+    hint = "Continue it with: %fasttrain --resume r --model net --loss crit"
+    assert hint in capsys.readouterr().out
+    ip.run_cell(hint.split(": ", 1)[1])
+    assert ip.user_ns["r"].state == "finished" and ip.user_ns["r"].step == 4
 
 
 def test_resume_with_overrides_in_cell_form(ip):

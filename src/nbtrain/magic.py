@@ -86,8 +86,9 @@ class FastTrainMagics(Magics):
     @_arg("--resume", metavar="NAME",
           help="continue the Run (or checkpoint path) in NAME, with its settings unless "
                "options here override them")
-    @_arg("--out", default="run", metavar="NAME",
-          help="the variable that receives the Run (default: run)")
+    @_arg("--out", metavar="NAME",
+          help="the variable that receives the Run (default: run, or with --resume of a "
+               "Run, that Run's variable)")
     @_arg("--background", action="store_true",
           help="train in a background thread and return at once (default: off)")
     @_arg("--panel", action="store_true",
@@ -167,12 +168,14 @@ class FastTrainMagics(Magics):
             %fasttrain --resume run --max-steps 400
         """
         args = magic_arguments.parse_argstring(self.fasttrain, line)
-        _check_out_name(args.out)
+        if args.out is not None:
+            _check_out_name(args.out)
         if args.config is None and args.resume is None:
             _apply_options(TrainConfig(), args)   # a bad option fails before the body runs
         defined = self._run_body(cell)
         ns = self.shell.user_ns
         resume = _resume_target(ns, args.resume)
+        args.out = args.out or (args.resume if _is_run(resume) else "run")
         config = _apply_options(_base_config(ns, args.config, resume), args)
         run = _train(ns, args, config, resume, _training_inputs(ns, args, defined))
         _report(run, args)
@@ -246,6 +249,9 @@ def _resume_target(ns: dict, name):
         return name
     value = _lookup(ns, name, "--resume", "a Run to continue",
                     _names_where(ns, _is_run), "Runs in the namespace")
+    if _is_run(value) and value.state == "running":
+        raise UsageError(f"--resume {name}: that Run is still training. Call {name}.stop() "
+                         f"and {name}.wait() first, then resume it.")
     if _is_run(value) or isinstance(value, (str, os.PathLike)):
         return value
     raise UsageError(f"--resume {name}: expected a Run (from %%fasttrain or nbtrain.fit) "
@@ -326,8 +332,16 @@ def _report(run, args) -> None:
         return
     if run.state == "interrupted":
         print(f"Interrupted at step {run.step}; the Run is in `{out}`. "
-              f"Continue it with: %fasttrain --resume {out}")
+              f"Continue it with: {_resume_command(args)}")
     print(run.summary_text())
+
+
+def _resume_command(args) -> str:
+    """The line that continues this run, with the variable names this cell used."""
+    names = [f"{flag} {value}" for flag, value, default in (
+        ("--model", args.model, "model"), ("--data", args.data, "train_data"),
+        ("--loss", args.loss, None), ("--val", args.val, None)) if value != default]
+    return " ".join(["%fasttrain --resume", args.out] + names)
 
 
 # -- extension hooks (nbtrain.load_ipython_extension delegates here) --------------------------
