@@ -4,8 +4,11 @@ Tests of how options map onto TrainConfig replace `nbtrain.fit` with a recorder 
 options, such as --compile or --device cuda, cannot train on a CI CPU); the rest train
 tiny models with the real engine in well under a second each.
 """
+import os
 import re
+import signal
 import sys
+import types
 
 import pytest
 import torch
@@ -278,6 +281,15 @@ def test_panel_falls_back_to_the_progress_bar(ip, calls, capsys, monkeypatch):
     assert "SUMMARY TABLE" in out
 
 
+def test_panel_hands_the_dashboard_to_fit(ip, calls, capsys, monkeypatch):
+    module = types.ModuleType("nbtrain.dashboard")
+    module.Dashboard = type("Dashboard", (), {})
+    monkeypatch.setitem(sys.modules, "nbtrain.dashboard", module)
+    ip.run_cell(f"%%fasttrain --panel\n{CELL}")
+    assert calls[0]["progress"] is module.Dashboard
+    assert "not available" not in capsys.readouterr().out
+
+
 # -- user errors: a UsageError with the fix, no traceback ----------------------------------
 
 @pytest.mark.parametrize("options, settings", [
@@ -345,7 +357,7 @@ def test_missing_named_loss_and_val(ip, calls):
 
 
 def test_model_must_be_a_module(ip, calls):
-    message = usage_error(ip, "%%fasttrain\nmodel = torch.randn(3)\ntrain_data = torch.randn(4, 3)")
+    message = usage_error(ip, "%%fasttrain\nmodel = torch.randn(3)\ntrain_data = torch.ones(4)")
     assert message.startswith("'model' is a Tensor, not a torch.nn.Module")
 
 
@@ -419,6 +431,29 @@ def test_interrupt_leaves_a_run_ready_to_resume(ip, capsys):
     assert resumed.state == "finished" and resumed.step == 8
     assert resumed.config == run.config   # the interrupted run's settings carry over
     assert [r["step"] for r in resumed.records("train")] == list(range(1, 9))
+
+
+class SendsSigint(Interrupting):
+    """Sends the process a real SIGINT, as the notebook's stop button does to the kernel."""
+
+    def forward(self, x):
+        if self.calls + 1 == self.at:
+            os.kill(os.getpid(), signal.SIGINT)
+            self.calls += 1
+            return self.lin(x)
+        return super().forward(x)
+
+
+def test_kernel_interrupt_stops_at_the_step_boundary(ip, capsys):
+    ip.push({"SendsSigint": SendsSigint})
+    result = ip.run_cell("%%fasttrain --max-steps 8 --device cpu\n"
+                         + CELL.replace("nn.Linear(8, 3)", "SendsSigint(at=3)"))
+    assert result.success
+    run = ip.user_ns["run"]
+    assert run.state == "interrupted" and run.step == 3   # the step in flight completed
+    assert "Interrupted at step 3" in capsys.readouterr().out
+    ip.run_cell("%fasttrain --resume run")
+    assert ip.user_ns["run"].state == "finished" and ip.user_ns["run"].step == 8
 
 
 def test_interrupt_hint_repeats_the_variable_names(ip, capsys):

@@ -200,7 +200,7 @@ def _check_out_name(name: str) -> None:
 
 
 def _apply_options(base: TrainConfig, args) -> TrainConfig:
-    """`base` with the options the user gave; a bad value is a UsageError with the ConfigError text."""
+    """`base` with the options the user gave; a bad value: UsageError with the ConfigError text."""
     changes = {name: value for name, value in vars(args).items()
                if name in FIELD_NAMES and value is not None}
     try:
@@ -279,7 +279,7 @@ def _check_model(name: str, model):
     import torch
     if not isinstance(model, torch.nn.Module):
         raise UsageError(f"{name!r} is a {type(model).__name__}, not a torch.nn.Module: "
-                         f"define the model as {name}, or pass --model NAME.")
+                         f"bind the model to {name!r}, or pass --model NAME.")
     return model
 
 
@@ -321,7 +321,9 @@ def _panel_progress():
     except ImportError:
         print("The live dashboard (--panel) is not available yet; showing the progress bar.")
         return "auto"
-    return Dashboard()
+    # A blocking fit creates the Run itself, so the dashboard cannot subscribe beforehand:
+    # fit calls a callable `progress` with the Run before the first step.
+    return Dashboard
 
 
 def _report(run, args) -> None:
