@@ -417,7 +417,7 @@ class Interrupting(nn.Module):
 
 def test_interrupt_leaves_a_run_ready_to_resume(ip, capsys):
     ip.push({"Interrupting": Interrupting})
-    result = ip.run_cell("%%fasttrain --max-steps 8 --device cpu --lr 0.01 --log-every 1\n"
+    result = ip.run_cell("%%fasttrain --max-steps 8 --device cpu --amp off --lr 0.01 --log-every 1\n"
                          + CELL.replace("nn.Linear(8, 3)", "Interrupting(at=4)"))
     assert result.success
     run = ip.user_ns["run"]
@@ -446,7 +446,7 @@ class SendsSigint(Interrupting):
 
 def test_kernel_interrupt_stops_at_the_step_boundary(ip, capsys):
     ip.push({"SendsSigint": SendsSigint})
-    result = ip.run_cell("%%fasttrain --max-steps 8 --device cpu\n"
+    result = ip.run_cell("%%fasttrain --max-steps 8 --device cpu --amp off\n"
                          + CELL.replace("nn.Linear(8, 3)", "SendsSigint(at=3)"))
     assert result.success
     run = ip.user_ns["run"]
@@ -458,7 +458,7 @@ def test_kernel_interrupt_stops_at_the_step_boundary(ip, capsys):
 
 def test_interrupt_hint_repeats_the_variable_names(ip, capsys):
     ip.push({"Interrupting": Interrupting})
-    ip.run_cell("%%fasttrain --max-steps 4 --device cpu --model net --loss crit --out r\n"
+    ip.run_cell("%%fasttrain --max-steps 4 --device cpu --amp off --model net --loss crit --out r\n"
                 + CELL.replace("model = nn.Linear(8, 3)", "net = Interrupting(at=2)")
                 .replace("loss_fn", "crit"))
     assert ip.user_ns["r"].state == "interrupted"

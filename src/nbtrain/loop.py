@@ -13,8 +13,8 @@ import torch
 
 from . import checkpoint as ckpt
 from .config import ConfigError, TrainConfig
-from .data import make_batches, make_mover, mismatched_sample
-from .devices import autocast_context, resolve_amp, resolve_device
+from .data import first_batch, make_batches, make_mover, mismatched_sample
+from .devices import autocast_context, cpu_bf16_choice, resolve_amp, resolve_device
 from .optim import build_optimizer, resolve_impl
 from .run import Run, TrainingError
 from .schedule import Schedule
@@ -44,6 +44,8 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
 
     `resume`: a Run or a checkpoint path; training continues where it stopped.
     `background=True` returns at once and trains in a thread (`run.stop()`, `run.wait()`).
+    `progress`: True/"auto" for a progress bar, False for none, or a callable given the Run
+    before the first step (`progress=nt.Dashboard` shows the live charts).
     """
     state = ckpt.load(resume) if isinstance(resume, (str, bytes)) or hasattr(resume, "__fspath__") \
         else (resume.checkpoint() if isinstance(resume, Run) else None)
@@ -54,7 +56,9 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
         ckpt.restore(run, state)
     else:
         torch.manual_seed(cfg.seed)   # dropout and friends repeat; data order has its own RNG
-    if progress:
+    if callable(progress):   # a viewer (e.g. nt.Dashboard) that subscribes before step 1
+        progress(run)
+    elif progress:
         from .progress import attach_progress
         attach_progress(run)
     if background:
@@ -104,14 +108,35 @@ def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Parts:
     run.model = model
     run.optimizer = build_optimizer(model, cfg, impl)
     run.schedule = Schedule(cfg, run.total_steps)
-    run.scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
+    run.scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")   # never "auto"->fp16 on CPU
     resident, _ = run.resolved["data_on_device"]
     pinned, _ = run.resolved["pin_memory"]
     pin_here = pinned and hasattr(batches, "tensors")
     move = make_mover(device, pinned, resident, cfg.channels_last, pin_here)
     forward = torch.compile(model) if cfg.compile else model
     params = [p for p in model.parameters() if p.requires_grad]
-    return Parts(device, amp, batches, val_batches, move, forward, loss_fn, params)
+    parts = Parts(device, amp, batches, val_batches, move, forward, loss_fn, params)
+    if cfg.amp == "auto" and amp == "bf16" and device.type == "cpu":
+        parts.amp, why = cpu_bf16_choice(lambda a: _probe_step(run, parts, a))
+        run.resolved["amp"] = (parts.amp, why)
+    return parts
+
+
+def _probe_step(run: Run, parts: Parts, amp: str) -> None:
+    """One forward+backward on the first batch that leaves no trace: no grads, same
+    buffers (BatchNorm statistics), same RNG."""
+    batch = parts.move(first_batch(parts.batches))
+    buffers = [b.detach().clone() for b in run.model.buffers()]
+    rng = torch.get_rng_state()
+    try:
+        with autocast_context(amp, parts.device):
+            loss = _loss_of(parts, batch)
+        loss.backward()
+    finally:
+        run.model.zero_grad(set_to_none=True)
+        for saved, buf in zip(buffers, run.model.buffers()):
+            buf.copy_(saved)
+        torch.set_rng_state(rng)
 
 
 def _total_steps(cfg: TrainConfig, batches) -> int:

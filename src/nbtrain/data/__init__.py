@@ -11,7 +11,7 @@ from ..config import ConfigError, TrainConfig
 from .batches import (EpochBatchSampler, GivenLoader, LoaderBatches, TensorBatches,
                       as_tensors, mismatched_sample)
 
-__all__ = ["make_batches", "make_mover", "mismatched_sample", "TensorBatches"]
+__all__ = ["make_batches", "make_mover", "first_batch", "mismatched_sample", "TensorBatches"]
 
 Resolved = Dict[str, Tuple[object, str]]
 
@@ -128,6 +128,17 @@ def _resolve_workers(cfg: TrainConfig) -> Tuple[int, str]:
     workers = max(1, min(8, cores - 1))
     return workers, (f"per-sample loading: {workers} worker(s) load ahead while the main "
                      f"process trains ({cores} cores)")
+
+
+def first_batch(source):
+    """The first batch of epoch 0, loaded in this process (no workers started)."""
+    if isinstance(source, LoaderBatches):
+        from torch.utils.data import default_collate
+        indices = source.sample_indices(0, 0)
+        if hasattr(source.dataset, "__getitems__"):
+            return default_collate(source.dataset.__getitems__(indices))
+        return default_collate([source.dataset[i] for i in indices])
+    return next(iter(source.epoch(0)))
 
 
 def make_mover(device: torch.device, pinned: bool, resident: bool, channels_last: bool,
