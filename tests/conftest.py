@@ -1,5 +1,6 @@
 import pytest
 import torch
+torch.set_num_threads(1)  # tiny test models: threads only add spin-waits on 2 busy cores
 from torch import nn
 
 import nbtrain as nt

@@ -8,11 +8,12 @@ from __future__ import annotations
 from . import datasets
 from .config import ConfigError, TrainConfig
 from .loop import fit
+from .memory import max_batch_size
 from .run import Run, TrainingError
 from .schedule import schedule_preview
 
 __version__ = "0.1.0"
-__all__ = ["TrainConfig", "ConfigError", "fit", "Run", "TrainingError", "schedule_preview",
+__all__ = ["TrainConfig", "ConfigError", "fit", "Run", "TrainingError", "schedule_preview", "max_batch_size",
            "datasets", "data", "load_ipython_extension", "unload_ipython_extension"]
 
 

@@ -43,6 +43,7 @@ class TrainConfig:
     amp: str = "auto"                     # off | fp16 | bf16 | auto
     channels_last: bool = False
     compile: bool = False
+    activation_checkpointing: Union[bool, int] = False  # Sequential models: True or N segments
     # --- data path (fewer, larger, pinned, asynchronous copies) ---------------------
     pin_memory: Union[bool, str] = "auto"
     num_workers: Union[int, str] = "auto"
@@ -79,6 +80,9 @@ class TrainConfig:
     on_nan: str = "stop"                  # stop | skip
     # --- bookkeeping ----------------------------------------------------------------
     log_every: int = 10
+    telemetry: bool = True                # time split, memory and diagnosis in each record
+    history_limit: int = 5000             # older records are merged beyond this many
+    release_previous: bool = False        # free the previous run's optimizer state and cache
     seed: int = 0
     checkpoint_dir: Optional[str] = None
     checkpoint_every: Optional[int] = None  # steps; None: only at the end of the run
@@ -149,6 +153,7 @@ def _check_device(cfg: TrainConfig) -> None:
 
 def _check_counts(cfg: TrainConfig) -> None:
     positive = ("epochs", "batch_size", "grad_accum_steps", "log_every", "step_size",
+                "history_limit",
                 "cycle_steps")
     for name in positive:
         value = getattr(cfg, name)
@@ -210,9 +215,19 @@ def _check_data_path(cfg: TrainConfig) -> None:
         _fail("prefetch_factor", cfg.prefetch_factor,
               "None when num_workers=0 (only workers prefetch)")
     for name in ("drop_last", "shuffle", "channels_last", "compile", "nesterov",
-                 "persistent_workers", "decay_norm_and_bias"):
+                 "persistent_workers", "decay_norm_and_bias", "telemetry", "release_previous"):
         if not isinstance(getattr(cfg, name), bool):
             _fail(name, getattr(cfg, name), "True or False")
 
 
-_CHECKS = (_check_choices, _check_device, _check_counts, _check_rates, _check_data_path)
+def _check_memory(cfg: TrainConfig) -> None:
+    ac = cfg.activation_checkpointing
+    if not (isinstance(ac, bool) or (_is_int(ac) and ac >= 1)):
+        _fail("activation_checkpointing", ac, "True, False or a number of segments >= 1")
+    if ac is not False and cfg.compile:
+        _fail("activation_checkpointing", ac, "False when compile=True (pick one)")
+    if cfg.history_limit < 10:
+        _fail("history_limit", cfg.history_limit, "a whole number >= 10")
+
+
+_CHECKS = (_check_memory, _check_choices, _check_device, _check_counts, _check_rates, _check_data_path)

@@ -6,6 +6,7 @@ import math
 import signal
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -15,10 +16,11 @@ from . import checkpoint as ckpt
 from .config import ConfigError, TrainConfig
 from .data import first_batch, make_batches, make_mover, mismatched_sample
 from .devices import autocast_context, cpu_bf16_choice, resolve_amp, resolve_device
+from .memory import checkpointed_forward, release
 from .optim import build_optimizer, resolve_impl
 from .run import Run, TrainingError
 from .schedule import Schedule
-from .telemetry import Interval, memory_fields
+from .telemetry import Interval, diagnose, memory_fields, nvml_fields
 
 
 @dataclass
@@ -50,7 +52,10 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
     state = ckpt.load(resume) if isinstance(resume, (str, bytes)) or hasattr(resume, "__fspath__") \
         else (resume.checkpoint() if isinstance(resume, Run) else None)
     cfg = _config_from(config, state)
+    if cfg.release_previous:
+        release_previous_run()
     run = Run(cfg)
+    _remember(run)
     parts = _prepare(run, model, train_data, loss_fn, val_data)
     if state is not None:
         ckpt.restore(run, state)
@@ -71,6 +76,21 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
     if run.state == "failed":
         raise run.error
     return run
+
+
+_last_run = {"ref": None}   # weak: a finished run is freed when the user drops it
+
+
+def _remember(run: Run) -> None:
+    _last_run["ref"] = weakref.ref(run)
+
+
+def release_previous_run() -> Optional[dict]:
+    """Release the last run of this process, if it is still alive and done."""
+    previous = _last_run["ref"]() if _last_run["ref"] else None
+    if previous is None or previous.running:
+        return None
+    return release(previous)
 
 
 def _config_from(config, state) -> TrainConfig:
@@ -114,6 +134,8 @@ def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Parts:
     pin_here = pinned and hasattr(batches, "tensors")
     move = make_mover(device, pinned, resident, cfg.channels_last, pin_here)
     forward = torch.compile(model) if cfg.compile else model
+    if cfg.activation_checkpointing is not False:
+        forward = checkpointed_forward(model, cfg.activation_checkpointing)
     params = [p for p in model.parameters() if p.requires_grad]
     parts = Parts(device, amp, batches, val_batches, move, forward, loss_fn, params)
     if cfg.amp == "auto" and amp == "bf16" and device.type == "cpu":
@@ -180,7 +202,9 @@ def _train_safely(run: Run, parts: Parts) -> None:
 def _train(run: Run, parts: Parts) -> None:
     cfg, model, opt = run.config, run.model, run.optimizer
     model.train()
-    meter = Interval(parts.device, cfg.log_every, run.step, cfg.grad_accum_steps)
+    meter = Interval(parts.device, cfg.log_every, run.step, cfg.grad_accum_steps, cfg.telemetry)
+    if parts.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(parts.device)   # peak of this run, not the kernel's
     run._stage = "load"
     while run.step < run.total_steps:
         windows = _windows(parts.batches.epoch(run.epoch, run.batch_in_epoch), cfg.grad_accum_steps)
@@ -242,7 +266,9 @@ def _windows(batches, size: int):
 def _step(run: Run, parts: Parts, window, meter: Interval) -> None:
     cfg, opt, scaler = run.config, run.optimizer, run.scaler
     for batch in window:
+        meter.copy_started()
         batch = parts.move(batch)
+        meter.copy_done()
         with autocast_context(parts.amp, parts.device):
             loss = _loss_of(parts, batch)
         meter.add(loss.detach(), _batch_len(batch))
@@ -289,7 +315,10 @@ def _batch_len(batch) -> int:
 
 def _log(run: Run, meter: Interval, lr: float) -> None:
     record = meter.close(run.step, run.epoch, lr)
-    record.update(memory_fields(meter.device))
+    if meter.timed:
+        record.update(memory_fields(meter.device))
+        record.update(nvml_fields(meter.device))
+        record["diagnosis"] = diagnose(record, run.resolved)
     run._emit(record)
     if record.get("first_nonfinite_step") is not None and run.config.on_nan == "stop":
         run.message = (f"loss became non-finite at step {record['first_nonfinite_step']}; "

@@ -10,6 +10,8 @@ def summarize(run) -> dict:
     samples = sum(r["samples"] for r in train)
     busy = sum(r["interval_s"] for r in train)
     waited = sum(r["data_wait_s"] * r["steps"] for r in train)
+    copied = sum(r.get("copy_s", 0.0) * r["steps"] for r in train)
+    computed = sum(r.get("compute_s", 0.0) * r["steps"] for r in train)
     out = {
         "state": run.state, "message": run.message,
         "steps": run.step, "total_steps": run.total_steps, "epochs": run.epoch,
@@ -17,12 +19,17 @@ def summarize(run) -> dict:
         "samples_per_s": samples / busy if busy else math.nan,
         "step_time_s": busy / run.step if run.step and busy else math.nan,
         "data_wait_frac": waited / busy if busy else math.nan,
+        "copy_frac": copied / busy if busy else math.nan,
+        "compute_frac": computed / busy if busy else math.nan,
         "wall_s": run.wall_s,
         "final_loss": train[-1]["loss"] if train else math.nan,
         "peak_rss_mb": max((r["peak_rss_mb"] for r in train), default=math.nan),
         "settings": {name: value for name, (value, _) in run.resolved.items()},
         "reasons": {name: why for name, (_, why) in run.resolved.items()},
     }
+    if train and "copy_s" in train[-1]:
+        from .telemetry import diagnose
+        out["diagnosis"] = diagnose(out, run.resolved)
     if any("cuda_peak_allocated_mb" in r for r in train):
         out["peak_cuda_mb"] = max(r.get("cuda_peak_allocated_mb", 0.0) for r in train)
     if val:
@@ -47,6 +54,10 @@ def summary_table(run) -> str:
     for key, label in (("val_loss", "val loss"), ("val_acc", "val accuracy")):
         if key in s:
             rows.append((label, _fmt(s[key])))
+    if "diagnosis" in s:
+        rows.append(("time split", f"data wait {s['data_wait_frac']:.0%}, copy "
+                                   f"{s['copy_frac']:.0%}, compute {s['compute_frac']:.0%}"))
+        rows.append(("diagnosis", s["diagnosis"]))
     if s["message"]:
         rows.append(("note", s["message"]))
     lines = [f"{k:<16}{v}" for k, v in rows]

@@ -43,6 +43,7 @@ class Run:
         self._interrupted = False           # set by Ctrl-C: ends as "interrupted"
         self._stage = "load"                # "load" or "step": where an error happened
         self._rng_at_end = None
+        self.released = False
         self._subscribers: List[Callable[[dict], None]] = []
         self._thread: Optional[threading.Thread] = None
         self._done = threading.Event()
@@ -82,6 +83,9 @@ class Run:
     def _emit(self, record: dict, keep: bool = True) -> None:
         if keep:
             self.history.append(record)
+            if len(self.history) > self.config.history_limit:
+                from .telemetry import compact
+                self.history = compact(self.history)
         for fn in list(self._subscribers):
             try:
                 fn(record)
@@ -106,6 +110,36 @@ class Run:
         """Everything needed to resume exactly: see `nbtrain.checkpoint`."""
         from .checkpoint import state_of
         return state_of(self)
+
+    def release(self) -> dict:
+        """Free optimizer state and gradients, run the GC, empty the CUDA cache; report MB freed."""
+        from .memory import release
+        return release(self)
+
+    # -- export ---------------------------------------------------------------------------
+    def to_json(self, path) -> str:
+        import json
+        with open(path, "w") as f:
+            json.dump({"config": self.config.to_dict(), "history": self.history}, f, indent=1)
+        return str(path)
+
+    def to_csv(self, path, kind: str = "train") -> str:
+        import csv
+        rows = self.records(kind)
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(rows)
+        return str(path)
+
+    def to_pandas(self, kind: Optional[str] = "train"):
+        """The history as a DataFrame (pandas must be installed); kind=None: every record."""
+        try:
+            import pandas as pd
+        except ImportError:
+            raise ImportError("Run.to_pandas needs pandas: pip install pandas") from None
+        return pd.DataFrame(self.records(kind) if kind else self.history)
 
     def save(self, path) -> str:
         from .checkpoint import save

@@ -10,18 +10,61 @@ import time
 import torch
 
 
+class HostClock:
+    """CPU: an op has finished when its call returns, so host time is the work's time."""
+
+    mark = staticmethod(time.perf_counter)
+
+    @staticmethod
+    def seconds(a: float, b: float) -> float:
+        return b - a
+
+    def settle(self, last) -> None:
+        pass
+
+
+class CudaClock:
+    """CUDA: events recorded in stream order; read once, when the interval closes.
+
+    Reading an event needs it to have happened: `settle` waits for the interval's last
+    one (the interval's single sync, shared with the loss read), never one per step.
+    """
+
+    def mark(self):
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    @staticmethod
+    def seconds(a, b) -> float:
+        return a.elapsed_time(b) / 1000.0
+
+    def settle(self, last) -> None:
+        last.synchronize()
+
+
+def _noop() -> None:
+    pass
+
+
 class Interval:
-    """Loss, samples and time of the steps since the last record.
+    """Loss, samples and time split of the steps since the last record.
 
     Losses stay on the device in a preallocated buffer; `close` reads them with one
     `.tolist()` per interval (the only host sync of a normal interval), which also gives
-    the exact step of a first non-finite loss.
+    the exact step of a first non-finite loss. Each step's time is split into copy
+    (host-to-device) and compute (forward, backward, update); data wait is measured by
+    the loop around its `next()`.
     """
 
     def __init__(self, device: torch.device, log_every: int, start_step: int,
-                 micro_per_step: int = 1):
+                 micro_per_step: int = 1, timed: bool = True):
         self.device = device
+        self.timed = timed
         self.losses = torch.zeros(log_every * micro_per_step, device=device)
+        self.clock = CudaClock() if device.type == "cuda" else HostClock()
+        if not timed:   # telemetry off: the markers cost nothing
+            self.copy_started = self.copy_done = _noop
         self.t_start = time.perf_counter()
         self.reset(start_step)
 
@@ -29,8 +72,16 @@ class Interval:
         self.start_step = start_step
         self.steps = self.micro = self.samples = self.skipped = 0
         self.micro_ends = []          # micro-batch count after each step of the interval
+        self.spans = []               # per step: ([(copy start, copy end), ...], step end)
+        self._copies = []
         self.data_wait_s = 0.0
         self.t0 = time.perf_counter()
+
+    def copy_started(self) -> None:
+        self._c0 = self.clock.mark()
+
+    def copy_done(self) -> None:
+        self._copies.append((self._c0, self.clock.mark()))
 
     def add(self, loss: torch.Tensor, samples: int) -> None:
         self.losses[self.micro].copy_(loss)
@@ -40,9 +91,26 @@ class Interval:
     def end_step(self) -> None:
         self.steps += 1
         self.micro_ends.append(self.micro)
+        if self.timed and self._copies:
+            self.spans.append((self._copies, self.clock.mark()))
+            self._copies = []
+
+    def _split(self):
+        """(copy seconds, compute seconds) summed over the interval's steps."""
+        if not self.spans:
+            return 0.0, 0.0
+        self.clock.settle(self.spans[-1][1])
+        sec = self.clock.seconds
+        copy = compute = 0.0
+        for copies, end in self.spans:
+            step_copy = sum(sec(a, b) for a, b in copies)
+            copy += step_copy
+            compute += sec(copies[0][0], end) - step_copy
+        return copy, compute
 
     def close(self, step: int, epoch: int, lr: float) -> dict:
         values = self.losses[:self.micro].tolist()   # host sync: once per interval
+        copy_s, compute_s = self._split()
         now = time.perf_counter()
         elapsed = max(now - self.t0, 1e-9)
         finite = [v for v in values if math.isfinite(v)]
@@ -56,6 +124,11 @@ class Interval:
             "data_wait_frac": min(self.data_wait_s / elapsed, 1.0),
             "interval_s": elapsed, "time_s": now - self.t_start,
         }
+        if self.timed:
+            steps = max(self.steps, 1)
+            record.update(copy_s=copy_s / steps, compute_s=compute_s / steps,
+                          copy_frac=min(copy_s / elapsed, 1.0),
+                          compute_frac=min(compute_s / elapsed, 1.0))
         if self.skipped:
             record["skipped_steps"] = self.skipped
         bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
@@ -89,3 +162,131 @@ def memory_fields(device: torch.device) -> dict:
         fields["cuda_reserved_mb"] = torch.cuda.memory_reserved(device) / 2**20
         fields["cuda_peak_allocated_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
     return fields
+
+
+# -- NVML (nvidia-ml-py): device-wide memory, utilisation and power ----------------------------
+_nvml = {"handle": None, "tried": False}
+
+
+def _nvml_handle(device: torch.device):
+    """The NVML handle of `device`, or None where NVML or the GPU is absent (asked once)."""
+    if not _nvml["tried"]:
+        _nvml["tried"] = True
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            _nvml["handle"] = pynvml.nvmlDeviceGetHandleByIndex(index)
+        except Exception:   # no driver, no package, no GPU: the fields are simply absent
+            _nvml["handle"] = None
+    return _nvml["handle"]
+
+
+def nvml_fields(device: torch.device) -> dict:
+    handle = _nvml_handle(device) if device.type == "cuda" else None
+    if handle is None:
+        return {}
+    import pynvml
+    fields = {}
+    try:
+        mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        fields.update(nvml_used_mb=mem.used / 2**20, nvml_total_mb=mem.total / 2**20)
+        fields["gpu_util_pct"] = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        fields["power_w"] = pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
+    except Exception:   # some boards do not report power or utilisation
+        pass
+    return fields
+
+
+# -- diagnosis ------------------------------------------------------------------------------
+INPUT_BOUND = 0.25     # a quarter of the step waiting for data is worth fixing first
+
+
+def diagnose(fractions: dict, resolved: dict) -> str:
+    """Name the bottleneck from the time split and suggest the toggle that targets it."""
+    wait = fractions.get("data_wait_frac", 0.0)
+    copy = fractions.get("copy_frac", 0.0)
+    if wait >= INPUT_BOUND:
+        return f"input-bound: {wait:.0%} of each step waited for data - try " + \
+            _input_fixes(resolved)
+    if copy >= INPUT_BOUND:
+        return (f"copy-bound: {copy:.0%} of each step copied batches to the device - try "
+                "data_on_device=True or pin_memory=True")
+    compute = fractions.get("compute_frac", 1.0 - wait - copy)
+    return f"compute-bound: {compute:.0%} of each step in forward/backward/update - try " + \
+        _compute_fixes(resolved)
+
+
+def _value(resolved: dict, name: str, default=None):
+    return resolved.get(name, (default, ""))[0]
+
+
+def _input_fixes(resolved: dict) -> str:
+    tips = []
+    workers = _value(resolved, "num_workers", 0)
+    if _value(resolved, "batched_fetch") is False and workers == 0:
+        tips.append("batched_fetch=True")
+    if workers is not None and _value(resolved, "batched_fetch") is False:
+        from .data import available_cores
+        tips.append(f"num_workers={min(max(workers * 2, 2), available_cores())}")
+    if not _value(resolved, "data_on_device", True):
+        tips.append("data_on_device=True")
+    tips.append("prefetch_factor=4 / persistent_workers=True" if workers else
+                "a packed format (nt.data.pack_lmdb)")
+    return " or ".join(tips)
+
+
+def _compute_fixes(resolved: dict) -> str:
+    tips = []
+    amp, why = resolved.get("amp", (None, ""))
+    if amp == "off" and "measured" not in why:   # not when bf16 was measured slower here
+        tips.append("amp=bf16")
+    tips += ["channels_last=True (conv nets)", "compile=True", "a larger batch_size"]
+    return " / ".join(tips)
+
+
+# -- bounded history ------------------------------------------------------------------------
+_SUMMED = ("samples", "steps", "interval_s", "skipped_steps")
+_PER_STEP = ("loss", "data_wait_s", "copy_s", "compute_s")
+_PER_SECOND = ("data_wait_frac", "copy_frac", "compute_frac")
+_PEAKS = ("peak_rss_mb", "cuda_peak_allocated_mb")
+
+
+def merge(a: dict, b: dict) -> dict:
+    """One train record covering the intervals of `a` then `b`."""
+    out = dict(b)
+    steps, seconds = a["steps"] + b["steps"], a["interval_s"] + b["interval_s"]
+    for key in _SUMMED:
+        if key in a or key in b:
+            out[key] = a.get(key, 0) + b.get(key, 0)
+    for key in _PER_STEP:
+        if key in a and key in b:
+            out[key] = (a[key] * a["steps"] + b[key] * b["steps"]) / steps
+    for key in _PER_SECOND:
+        if key in a and key in b:
+            out[key] = (a[key] * a["interval_s"] + b[key] * b["interval_s"]) / seconds
+    for key in _PEAKS:
+        if key in a and key in b:
+            out[key] = max(a[key], b[key])
+    out.update(samples_per_s=out["samples"] / seconds, steps_per_s=steps / seconds,
+               step_time_s=seconds / steps)
+    return out
+
+
+def compact(history: list) -> list:
+    """Halve the older half of the train records by merging neighbours: the history stays
+    bounded however long the run, and recent intervals keep full resolution."""
+    half = len(history) // 2
+    older, newer = history[:half], history[half:]
+    merged = []
+    for record in older:
+        last = merged[-1] if merged else None
+        if (record["kind"] == "train" and last is not None and last["kind"] == "train"
+                and not last.get("_merged")):
+            merged[-1] = merge(last, record)
+            merged[-1]["_merged"] = True
+        else:
+            merged.append(record)
+    for record in merged:
+        record.pop("_merged", None)
+    return merged + newer

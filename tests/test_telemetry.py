@@ -1,0 +1,193 @@
+"""Time split, diagnosis, memory fields and hygiene, bounded history, exports."""
+import gc
+import json
+import time
+import warnings
+import weakref
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import nbtrain as nt
+from nbtrain import telemetry
+
+from conftest import mlp, quick
+
+
+def test_records_split_each_step(blobs):
+    run = nt.fit(mlp(), blobs, F.cross_entropy, config=quick(max_steps=20), progress=False)
+    for r in run.records("train"):
+        assert r["copy_s"] >= 0 and r["compute_s"] > 0 and r["data_wait_s"] >= 0
+        assert r["data_wait_frac"] + r["copy_frac"] + r["compute_frac"] <= 1.0 + 1e-6
+        assert r["rss_mb"] > 0 and r["peak_rss_mb"] >= r["rss_mb"] * 0.99
+    s = run.summary()
+    assert 0 < s["compute_frac"] <= 1 and "diagnosis" in s
+
+
+class SlowSamples(torch.utils.data.Dataset):
+    def __len__(self):
+        return 256
+
+    def __getitem__(self, i):
+        time.sleep(0.002)
+        return torch.randn(8), i % 3
+
+
+def test_slow_dataset_is_diagnosed_input_bound():
+    run = nt.fit(nn.Linear(8, 3), SlowSamples(), F.cross_entropy,
+                 config=quick(max_steps=6, num_workers=0, log_every=3), progress=False)
+    assert run.summary()["diagnosis"].startswith("input-bound")
+    assert "num_workers=" in run.summary()["diagnosis"]
+    assert run.records("train")[-1]["diagnosis"].startswith("input-bound")
+
+
+def test_heavy_model_is_diagnosed_compute_bound():
+    model = nn.Sequential(nn.Linear(256, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(),
+                          nn.Linear(2048, 3))
+    x, y = torch.randn(512, 256), torch.randint(0, 3, (512,))
+    run = nt.fit(model, (x, y), F.cross_entropy, config=quick(max_steps=6, log_every=3),
+                 progress=False)
+    assert run.summary()["diagnosis"].startswith("compute-bound")
+
+
+def test_telemetry_off_keeps_only_the_basics(blobs):
+    run = nt.fit(mlp(), blobs, F.cross_entropy, config=quick(max_steps=10, telemetry=False),
+                 progress=False)
+    record = run.records("train")[-1]
+    assert "loss" in record and "samples_per_s" in record
+    assert "copy_s" not in record and "rss_mb" not in record
+
+
+def test_logged_losses_do_not_keep_the_graph_alive(blobs):
+    refs = []
+
+    def loss_fn(out, y):
+        loss = F.cross_entropy(out, y)
+        refs.append(weakref.ref(loss))
+        return loss
+    run = nt.fit(mlp(), blobs, loss_fn, config=quick(max_steps=10), progress=False)
+    gc.collect()
+    assert run.history and refs
+    assert all(ref() is None for ref in refs)
+
+
+def test_release_frees_optimizer_state(blobs):
+    run = nt.fit(mlp(), blobs, F.cross_entropy, config=quick(max_steps=3, optimizer="adam"),
+                 progress=False)
+    params = sum(p.numel() for p in run.model.parameters())
+    freed = run.release()
+    assert freed["optimizer_state_mb"] == pytest.approx(2 * params * 4 / 2**20, rel=0.05)
+    assert not run.optimizer.state and run.released
+    assert {"rss_freed_mb", "cuda_reserved_freed_mb"} <= set(freed)
+
+
+def test_new_run_releases_the_previous_when_asked(blobs):
+    first = nt.fit(mlp(), blobs, F.cross_entropy, config=quick(max_steps=3), progress=False)
+    assert first.optimizer.state
+    nt.fit(mlp(), blobs, F.cross_entropy, config=quick(max_steps=3, release_previous=True),
+           progress=False)
+    assert not first.optimizer.state
+
+
+def deep_mlp():
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(8):
+        layers += [nn.Linear(64, 64), nn.Tanh()]
+    return nn.Sequential(*layers, nn.Linear(64, 3))
+
+
+def saved_bytes(forward, x):
+    total = [0]
+
+    def pack(t):
+        total[0] += t.numel() * t.element_size()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        forward(x).sum().backward()
+    return total[0]
+
+
+def test_activation_checkpointing_saves_memory_and_keeps_the_math():
+    from nbtrain.memory import checkpointed_forward
+    x, y = torch.randn(256, 64), torch.randint(0, 3, (256,))
+    plain, ckpt = deep_mlp(), deep_mlp()
+    assert saved_bytes(checkpointed_forward(ckpt, True), x) < saved_bytes(plain, x) / 2
+    for model, setting in ((plain, False), (ckpt, True)):
+        nt.fit(model, (x, y), F.cross_entropy, progress=False,
+               config=quick(max_steps=5, activation_checkpointing=setting, shuffle=False))
+    for a, b in zip(plain.parameters(), ckpt.parameters()):
+        torch.testing.assert_close(a, b)
+
+
+def test_activation_checkpointing_needs_a_sequential(blobs):
+    class NotSequential(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.lin(x)
+    with pytest.raises(nt.ConfigError, match="needs an nn.Sequential model; got NotSequential"):
+        nt.fit(NotSequential(), blobs, F.cross_entropy,
+               config=quick(activation_checkpointing=True), progress=False)
+
+
+def test_max_batch_size_finds_the_limit_without_crashing():
+    class RunsOutAbove(nn.Module):
+        """Simulates a device that holds at most 300 samples' activations."""
+
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 3)
+
+        def forward(self, x):
+            if x.shape[0] > 300:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            return self.lin(x)
+    model = RunsOutAbove()
+    data = (torch.randn(100, 8), torch.randint(0, 3, (100,)))
+    assert nt.max_batch_size(model, data, F.cross_entropy, config=quick()) == 300
+    assert all(p.grad is None for p in model.parameters())
+    assert nt.max_batch_size(model, data, F.cross_entropy, config=quick(), limit=64) == 64
+
+
+def test_max_batch_size_reraises_other_errors():
+    with pytest.raises(RuntimeError, match="mat1 and mat2"):
+        nt.max_batch_size(nn.Linear(5, 3), (torch.randn(10, 8), torch.zeros(10).long()),
+                          F.cross_entropy, config=quick())
+
+
+def test_history_stays_bounded_and_keeps_totals():
+    x, y = torch.randn(4, 8), torch.randint(0, 3, (4,))
+    run = nt.fit(nn.Linear(8, 3), (x, y), F.cross_entropy, progress=False,
+                 config=quick(max_steps=3000, batch_size=4, log_every=1, history_limit=100))
+    train = run.records("train")
+    assert len(run.history) <= 100
+    assert sum(r["steps"] for r in train) == 3000 and sum(r["samples"] for r in train) == 12000
+    assert train[-1]["steps"] == 1 and train[0]["steps"] > 1   # recent intervals stay fine
+    assert [r["step"] for r in train] == sorted(r["step"] for r in train)
+
+
+def test_exports(blobs, tmp_path):
+    run = nt.fit(mlp(), blobs, F.cross_entropy, config=quick(max_steps=10), val_data=blobs,
+                 progress=False)
+    text = (tmp_path / "h.csv")
+    run.to_csv(text)
+    lines = text.read_text().splitlines()
+    assert lines[0].startswith("kind,step,epoch,loss,lr") and len(lines) == 3
+    data = json.loads((tmp_path / "h.json").read_text() if run.to_json(tmp_path / "h.json") else "")
+    assert data["history"] == run.history and data["config"]["max_steps"] == 10
+    pd = pytest.importorskip("pandas")
+    assert isinstance(run.to_pandas(), pd.DataFrame) and len(run.to_pandas()) == 2
+
+
+def test_nvml_fields_absent_without_a_gpu(monkeypatch):
+    monkeypatch.setitem(telemetry._nvml, "tried", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert telemetry.nvml_fields(torch.device("cpu")) == {}
+        fields = telemetry.nvml_fields(torch.device("cuda"))   # no driver here: just empty
+    assert fields == {} or "nvml_used_mb" in fields
