@@ -52,6 +52,7 @@ class TrainConfig:
     multiprocessing_context: Optional[str] = None  # fork | spawn | forkserver
     data_on_device: Union[bool, str] = "auto"
     batched_fetch: Union[bool, str] = "auto"  # index tensor data by whole batches
+    prefetch_to_device: Union[bool, str] = "auto"  # CUDA: copy the next batch on a side stream
     # --- optimizer ------------------------------------------------------------------
     optimizer: str = "adamw"
     lr: float = 1e-3
@@ -202,7 +203,7 @@ def _check_rates(cfg: TrainConfig) -> None:
 
 
 def _check_data_path(cfg: TrainConfig) -> None:
-    for name in ("pin_memory", "data_on_device", "batched_fetch"):
+    for name in ("pin_memory", "data_on_device", "batched_fetch", "prefetch_to_device"):
         value = getattr(cfg, name)
         if not (isinstance(value, bool) or value == "auto"):
             _fail(name, value, "True, False or 'auto'")

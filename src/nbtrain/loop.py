@@ -14,7 +14,8 @@ import torch
 
 from . import checkpoint as ckpt
 from .config import ConfigError, TrainConfig
-from .data import first_batch, make_batches, make_mover, mismatched_sample
+from .data import (describe_bad_sample, first_batch, make_batches, make_mover,
+                   prefetch_to_device, resolve_prefetch)
 from .devices import autocast_context, cpu_bf16_choice, resolve_amp, resolve_device
 from .memory import checkpointed_forward, release
 from .optim import build_optimizer, resolve_impl
@@ -133,6 +134,11 @@ def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Parts:
     pinned, _ = run.resolved["pin_memory"]
     pin_here = pinned and hasattr(batches, "tensors")
     move = make_mover(device, pinned, resident, cfg.channels_last, pin_here)
+    prefetch, why = resolve_prefetch(cfg, device, resident, pinned)
+    run.resolved["prefetch_to_device"] = (prefetch, why)
+    if prefetch:   # batches arrive on the device: the step's own move has nothing left to do
+        batches = prefetch_to_device(batches, move, device)
+        move = make_mover(device, pinned, True, False)
     forward = torch.compile(model) if cfg.compile else model
     if cfg.activation_checkpointing is not False:
         forward = checkpointed_forward(model, cfg.activation_checkpointing)
@@ -378,7 +384,7 @@ def _explain(exc: Exception, run: Run, parts: Parts) -> str:
         indices = parts.batches.sample_indices(run.epoch, run.batch_in_epoch) \
             if hasattr(parts.batches, "sample_indices") else None
         dataset = getattr(parts.batches, "dataset", None)
-        culprit = mismatched_sample(dataset, indices) if indices and dataset is not None else None
+        culprit = describe_bad_sample(dataset, indices) if indices and dataset is not None else None
         return text + (f"\n  {culprit}" if culprit else "")
     return f"the training step failed on {where}: {type(exc).__name__}: {exc}"
 

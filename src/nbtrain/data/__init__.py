@@ -8,10 +8,18 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..config import ConfigError, TrainConfig
-from .batches import (EpochBatchSampler, GivenLoader, LoaderBatches, TensorBatches,
-                      as_tensors, mismatched_sample)
+from .batches import (ByValue, EpochBatchSampler, GivenLoader, LoaderBatches, TensorBatches,
+                      as_tensors, describe_bad_sample)
 
-__all__ = ["make_batches", "make_mover", "first_batch", "mismatched_sample", "TensorBatches"]
+__all__ = ["make_batches", "make_mover", "first_batch", "describe_bad_sample", "TensorBatches",
+           "pack_lmdb", "LMDBDataset", "prefetch_to_device"]
+
+
+def __getattr__(name):   # lmdb is imported only by those who use it
+    if name in ("pack_lmdb", "LMDBDataset"):
+        from . import lmdb as _lmdb
+        return getattr(_lmdb, name)
+    raise AttributeError(f"module 'nbtrain.data' has no attribute {name!r}")
 
 Resolved = Dict[str, Tuple[object, str]]
 
@@ -118,7 +126,37 @@ def _dataset_source(dataset, cfg: TrainConfig, device, resolved: Resolved,
         extra = dict(prefetch_factor=cfg.prefetch_factor,
                      persistent_workers=cfg.persistent_workers,
                      multiprocessing_context=cfg.multiprocessing_context)
+        dataset = shippable(dataset, cfg.multiprocessing_context)
     return LoaderBatches(dataset, sampler, num_workers=workers, pin_memory=pin, **extra)
+
+
+def _start_method(context) -> str:
+    import multiprocessing
+    return context or multiprocessing.get_start_method(allow_none=False)
+
+
+def _defined_in_a_notebook(obj) -> bool:
+    cls = type(obj)
+    return cls.__module__ == "__main__" or "<locals>" in cls.__qualname__
+
+
+def shippable(dataset, context=None):
+    """`dataset`, made sendable to spawn/forkserver workers when plain pickle cannot.
+
+    Those workers start a fresh interpreter and unpickle the dataset by importing its
+    class; a class defined in a notebook cell (module __main__) or inside a function
+    cannot be imported there. cloudpickle sends the class itself, by value.
+    """
+    if _start_method(context) == "fork" or not _defined_in_a_notebook(dataset):
+        return dataset
+    try:
+        import cloudpickle  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            f"{type(dataset).__name__} is defined in the notebook (or inside a function), so "
+            f"'{_start_method(context)}' workers cannot import it. pip install cloudpickle, "
+            "move the class into a .py file, or set num_workers=0.") from None
+    return ByValue(dataset)
 
 
 def _resolve_workers(cfg: TrainConfig) -> Tuple[int, str]:
@@ -135,9 +173,10 @@ def first_batch(source):
     if isinstance(source, LoaderBatches):
         from torch.utils.data import default_collate
         indices = source.sample_indices(0, 0)
-        if hasattr(source.dataset, "__getitems__"):
-            return default_collate(source.dataset.__getitems__(indices))
-        return default_collate([source.dataset[i] for i in indices])
+        dataset = source.dataset.dataset if isinstance(source.dataset, ByValue) else source.dataset
+        if hasattr(dataset, "__getitems__"):
+            return default_collate(dataset.__getitems__(indices))
+        return default_collate([dataset[i] for i in indices])
     return next(iter(source.epoch(0)))
 
 
@@ -169,3 +208,21 @@ def make_mover(device: torch.device, pinned: bool, resident: bool, channels_last
 
 def _identity(batch):
     return batch
+
+
+def resolve_prefetch(cfg: TrainConfig, device, resident: bool, pinned: bool):
+    """Whether to copy batches ahead on a CUDA side stream, with the reason."""
+    if device.type != "cuda":
+        return False, f"device is {device.type}: no host-to-GPU copy to overlap"
+    if resident:
+        return False, "data lives on the GPU: nothing to copy"
+    if cfg.prefetch_to_device == "auto":
+        if not pinned:
+            return False, "pageable memory cannot be copied asynchronously (pin_memory off)"
+        return True, "copy batch k+1 on a side stream while step k computes"
+    return cfg.prefetch_to_device, "asked for"
+
+
+def prefetch_to_device(source, move, device):
+    from .prefetch import CudaPrefetcher
+    return CudaPrefetcher(source, move, device)

@@ -139,26 +139,32 @@ def as_tensors(data) -> Optional[tuple]:
     return None
 
 
-def mismatched_sample(dataset, indices: List[int]) -> Optional[str]:
-    """Describe the first sample whose structure or shapes differ from the batch's first."""
-    def signature(item):
-        if isinstance(item, torch.Tensor):
-            return ("tensor", tuple(item.shape), item.dtype)
-        if isinstance(item, (tuple, list)):
-            return tuple(signature(x) for x in item)
-        if isinstance(item, dict):
-            return tuple(sorted((k, signature(v)) for k, v in item.items()))
-        return type(item).__name__
-    try:
-        first = signature(dataset[indices[0]])
-        for i in indices[1:]:
-            sig = signature(dataset[i])
-            if sig != first:
-                return (f"sample {i} has {_describe(sig)} but sample {indices[0]} has "
-                        f"{_describe(first)}")
-    except Exception as exc:   # diagnosis only: the original error is reported anyway
-        return f"(could not inspect samples: {exc})"
+def describe_bad_sample(dataset, indices: List[int]) -> Optional[str]:
+    """Name the first sample of a failed batch that raises, or whose structure or shapes
+    differ from the batch's first. Runs only after a failure: costs nothing otherwise."""
+    if isinstance(dataset, ByValue):
+        dataset = dataset.dataset
+    signatures = {}
+    for i in indices:
+        try:
+            signatures[i] = _signature(dataset[i])
+        except Exception as exc:
+            return f"sample {i} raised {type(exc).__name__}: {exc}"
+    first = signatures[indices[0]]
+    for i, sig in signatures.items():
+        if sig != first:
+            return f"sample {i} has {_describe(sig)} but sample {indices[0]} has {_describe(first)}"
     return None
+
+
+def _signature(item):
+    if isinstance(item, torch.Tensor):
+        return ("tensor", tuple(item.shape), item.dtype)
+    if isinstance(item, (tuple, list)):
+        return tuple(_signature(x) for x in item)
+    if isinstance(item, dict):
+        return tuple(sorted((k, _signature(v)) for k, v in item.items()))
+    return type(item).__name__
 
 
 def _describe(sig) -> str:
@@ -167,3 +173,26 @@ def _describe(sig) -> str:
     if isinstance(sig, tuple):
         return "(" + ", ".join(_describe(s) for s in sig) + ")"
     return str(sig)
+
+
+class ByValue(Dataset):
+    """A dataset that travels to worker processes by value (cloudpickle), for classes that
+    a fresh interpreter cannot import (defined in a notebook cell or a function)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        return self.dataset[index]
+
+    def __reduce__(self):
+        import cloudpickle
+        return (_rebuild, (cloudpickle.dumps(self.dataset),))
+
+
+def _rebuild(blob: bytes) -> ByValue:
+    import cloudpickle
+    return ByValue(cloudpickle.loads(blob))

@@ -1,0 +1,56 @@
+"""Copy the next batch to the GPU on a side stream while the current step computes."""
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import torch
+
+
+def _record_stream(batch, stream) -> None:
+    """Tell the caching allocator `batch` is used on `stream`: without this, memory
+    allocated on the side stream could be reused while the main stream still reads it."""
+    if isinstance(batch, torch.Tensor):
+        batch.record_stream(stream)
+    elif isinstance(batch, (tuple, list)):
+        for b in batch:
+            _record_stream(b, stream)
+    elif isinstance(batch, dict):
+        for b in batch.values():
+            _record_stream(b, stream)
+
+
+class CudaPrefetcher:
+    """Wraps a batch source; its epochs yield batches already on the device.
+
+    While the loop runs step k on the default stream, batch k+1 is copied (from pinned
+    memory, non_blocking) on `self.stream`, so copy and compute overlap.
+    """
+
+    def __init__(self, source, move: Callable, device: torch.device):
+        self.source, self.move, self.device = source, move, device
+        self.stream = torch.cuda.Stream(device)
+        self.dataset = getattr(source, "dataset", None)
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def sample_indices(self, epoch: int, batch: int):
+        return self.source.sample_indices(epoch, batch)
+
+    def _copy_ahead(self, batches: Iterator):
+        batch = next(batches, None)
+        if batch is None:
+            return None
+        with torch.cuda.stream(self.stream):
+            return self.move(batch)
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator:
+        batches = iter(self.source.epoch(epoch, start))
+        ahead = self._copy_ahead(batches)
+        while ahead is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_stream(self.stream)   # GPU-side wait: the host does not block
+            batch = ahead
+            _record_stream(batch, current)
+            ahead = self._copy_ahead(batches)
+            yield batch

@@ -1,0 +1,198 @@
+"""The data path: batched fetch, loader settings, workers under every start method, LMDB."""
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import nbtrain as nt
+from nbtrain.config import TrainConfig
+from nbtrain.data import make_batches, make_mover, _resolve_on_device, _resolve_pin
+from nbtrain.data.batches import TensorBatches, epoch_order
+from nbtrain.data.lmdb import LMDBDataset, pack_lmdb
+
+from conftest import quick
+
+
+def test_batched_fetch_serves_every_sample_once_in_a_seeded_order():
+    x = torch.arange(100).float().unsqueeze(1)
+    source = TensorBatches((x, x.long().squeeze(1)), batch_size=32, shuffle=True,
+                           drop_last=False, seed=3)
+    epoch0 = torch.cat([b[1] for b in source.epoch(0)])
+    assert sorted(epoch0.tolist()) == list(range(100))
+    assert torch.equal(epoch0, epoch_order(100, True, 3, 0))
+    assert not torch.equal(epoch0, torch.cat([b[1] for b in source.epoch(1)]))
+    resumed = torch.cat([b[1] for b in source.epoch(0, start=2)])   # resume mid-epoch
+    assert torch.equal(resumed, epoch0[64:])
+
+
+def test_loader_path_resumes_mid_epoch_in_the_same_order():
+    ds = torch.utils.data.TensorDataset(torch.arange(50))
+    resolved = {}
+    source = make_batches(ds, TrainConfig(batch_size=8, batched_fetch=False, num_workers=0),
+                          torch.device("cpu"), resolved)
+    full = torch.cat([b[0] for b in source.epoch(2)])
+    tail = torch.cat([b[0] for b in source.epoch(2, start=3)])
+    assert torch.equal(tail, full[24:]) and resolved["batched_fetch"][0] is False
+
+
+def test_loader_builder_honours_every_setting():
+    ds = torch.utils.data.TensorDataset(torch.randn(40, 3))
+    cfg = TrainConfig(batch_size=8, batched_fetch=False, num_workers=2, prefetch_factor=3,
+                      persistent_workers=True, multiprocessing_context="spawn")
+    resolved = {}
+    loader = make_batches(ds, cfg, torch.device("cpu"), resolved).loader
+    assert (loader.num_workers, loader.prefetch_factor, loader.persistent_workers) == (2, 3, True)
+    assert loader.multiprocessing_context.get_start_method() == "spawn"
+    assert loader.pin_memory is False and "device is cpu" in resolved["pin_memory"][1]
+
+
+def test_auto_settings_by_data_kind():
+    tensors, per_sample = {}, {}
+    make_batches((torch.randn(10, 2), torch.zeros(10)), TrainConfig(), torch.device("cpu"), tensors)
+    assert tensors["num_workers"][0] == 0 and tensors["batched_fetch"][0] is True
+    assert "batched fetch" in tensors["num_workers"][1]
+    make_batches(Squares(), TrainConfig(), torch.device("cpu"), per_sample)
+    assert per_sample["num_workers"][0] >= 1 and "per-sample" in per_sample["num_workers"][1]
+
+
+def test_auto_on_a_gpu_pins_and_keeps_small_data_on_the_device(monkeypatch):
+    cuda = torch.device("cuda")
+    assert _resolve_pin(TrainConfig(), cuda, on_device=False)[0] is True
+    assert _resolve_pin(TrainConfig(), cuda, on_device=True)[0] is False
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (8 * 2**30, 16 * 2**30))
+    small, big = [torch.zeros(1000, 10)], [torch.zeros(2**30, dtype=torch.uint8)] * 3
+    assert _resolve_on_device(small, TrainConfig(), cuda)[0] is True
+    on, why = _resolve_on_device(big, TrainConfig(), cuda)
+    assert on is False and "quarter of free device memory" in why
+
+
+def test_batched_fetch_with_workers_is_refused():
+    with pytest.raises(nt.ConfigError, match="batched_fetch=True with num_workers=2"):
+        make_batches((torch.randn(10, 2),), TrainConfig(batched_fetch=True, num_workers=2),
+                     torch.device("cpu"), {})
+
+
+def test_nested_batches_move_as_a_whole():
+    move = make_mover(torch.device("meta"), pinned=False, resident=False, channels_last=False)
+    batch = {"x": torch.randn(2, 3), "pair": (torch.zeros(2), [torch.ones(2)]), "n": 3}
+    moved = move(batch)
+    assert moved["x"].is_meta and moved["pair"][0].is_meta and moved["pair"][1][0].is_meta
+    assert moved["n"] == 3 and isinstance(moved["pair"], tuple)
+
+
+class Squares(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return torch.tensor([float(i)]), torch.tensor([float(i * i)])
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_notebook_dataset_works_with_spawn_and_forkserver_workers(method):
+    class NotebookDataset(torch.utils.data.Dataset):   # not importable by a fresh process
+        def __len__(self):
+            return 32
+
+        def __getitem__(self, i):
+            return torch.randn(8), torch.tensor(os.getpid())
+    pids = []
+
+    def loss(out, pid):
+        pids.extend(pid.tolist())
+        return out.sum() * 0
+    run = nt.fit(nn.Linear(8, 3), NotebookDataset(), loss, progress=False,
+                 config=quick(max_steps=2, num_workers=1, multiprocessing_context=method))
+    assert run.state == "finished" and pids and os.getpid() not in pids
+
+
+def test_without_cloudpickle_the_error_says_what_to_do(monkeypatch):
+    class NotebookDataset(Squares):
+        pass
+    monkeypatch.setitem(sys.modules, "cloudpickle", None)
+    with pytest.raises(nt.ConfigError, match="pip install cloudpickle, move the class into a .py"):
+        nt.fit(nn.Linear(1, 1), NotebookDataset(), F.mse_loss, progress=False,
+               config=quick(max_steps=1, num_workers=1, multiprocessing_context="spawn"))
+
+
+class BadSample(Squares):
+    def __getitem__(self, i):
+        if i == 13:
+            raise ValueError("corrupt record")
+        return super().__getitem__(i)
+
+
+def test_a_worker_that_raises_names_the_sample():
+    model = nn.Linear(1, 1)
+    with pytest.raises(nt.TrainingError) as err:
+        nt.fit(model, BadSample(), F.mse_loss, progress=False,
+               config=quick(max_steps=4, num_workers=1, shuffle=False, batch_size=8))
+    text = str(err.value)
+    assert "loading batch 1 of epoch 0" in text
+    assert "sample 13 raised ValueError: corrupt record" in text
+    assert err.value.run.step == 1 and err.value.run.model is model   # state kept
+
+
+class Mixed(torch.utils.data.Dataset):
+    def __len__(self):
+        return 30
+
+    def __getitem__(self, i):
+        return (torch.full((2, 3), float(i)), np.arange(i % 4, dtype=np.int16), i, i / 2,
+                bytes([i]) * 3, f"s{i}")
+
+
+def test_lmdb_round_trip(tmp_path):
+    path = pack_lmdb(Mixed(), tmp_path / "mixed.lmdb", progress=False, commit_every=7)
+    ds = nt.data.LMDBDataset(path)
+    assert len(ds) == 30
+    for i in (0, 17, 29):
+        want, got = Mixed()[i], ds[i]
+        assert torch.equal(got[0], want[0]) and got[0].dtype == torch.float32
+        assert np.array_equal(got[1], want[1]) and got[1].dtype == np.int16
+        assert got[2:] == want[2:]
+    doubled = LMDBDataset(path, transform=lambda s: s[2] * 2)
+    assert doubled[5] == 10
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_lmdb_dataset_in_workers(tmp_path, method):
+    path = pack_lmdb(Squares(), tmp_path / "sq.lmdb", progress=False)
+    run = nt.fit(nn.Linear(1, 1), LMDBDataset(path), F.mse_loss, progress=False,
+                 config=quick(epochs=1, num_workers=1, multiprocessing_context=method, lr=1e-4))
+    assert run.state == "finished" and run.step == 2
+
+
+def test_lmdb_errors_name_the_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match=f"no LMDB database at {tmp_path / 'nope'}"):
+        LMDBDataset(tmp_path / "nope")
+    broken = tmp_path / "broken.lmdb"
+    broken.mkdir()
+    (broken / "data.mdb").write_bytes(b"\0garbage" * 100)
+    with pytest.raises(ValueError, match="broken.lmdb is not a readable LMDB database"):
+        LMDBDataset(broken)
+    import lmdb
+    foreign = tmp_path / "foreign.lmdb"
+    with lmdb.open(str(foreign)) as env, env.begin(write=True) as txn:
+        txn.put(b"k", b"v")
+    with pytest.raises(ValueError, match="not one written by nt.data.pack_lmdb"):
+        LMDBDataset(foreign)
+
+
+def test_prefetcher_only_where_there_is_a_copy_to_hide(blobs):
+    run = nt.fit(nn.Linear(8, 3), blobs, F.cross_entropy, config=quick(max_steps=1),
+                 progress=False)
+    assert run.resolved["prefetch_to_device"] == (False, "device is cpu: no host-to-GPU copy to overlap")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_prefetcher_yields_batches_on_the_device(blobs):
+    from nbtrain.data.prefetch import CudaPrefetcher
+    source = TensorBatches(blobs, 64, True, False, 0)
+    move = make_mover(torch.device("cuda"), True, False, False, pin_here=True)
+    batches = list(CudaPrefetcher(source, move, torch.device("cuda")).epoch(0))
+    assert len(batches) == len(source) and all(b[0].is_cuda for b in batches)
