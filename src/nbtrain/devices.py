@@ -80,13 +80,21 @@ def resolve_amp(requested: str, device: torch.device) -> Choice:
 MIN_BF16_GAIN = 1.1
 
 
-def cpu_bf16_choice(step) -> Choice:
-    """'auto' on a bf16-capable CPU: measure this model's step both ways, keep the faster."""
+_BF16_GAINS = {}   # (architecture, batch shapes) -> measured gain, for this process
+
+
+def cpu_bf16_choice(step, key) -> Choice:
+    """'auto' on a bf16-capable CPU: measure this model's step both ways, keep the faster.
+
+    Measured once per architecture and batch shape: re-running a cell costs nothing.
+    """
     flag = cpu_bf16_feature()
-    try:
-        gain = measure_bf16_speedup(step)
-    except Exception as exc:   # the real first step will report the problem properly
-        return "off", f"could not measure bf16 on this model ({type(exc).__name__})"
+    if key not in _BF16_GAINS:
+        try:
+            _BF16_GAINS[key] = measure_bf16_speedup(step)
+        except Exception as exc:   # the real first step will report the problem properly
+            return "off", f"could not measure bf16 on this model ({type(exc).__name__})"
+    gain = _BF16_GAINS[key]
     if gain >= MIN_BF16_GAIN:
         return "bf16", f"CPU has {flag}; measured {gain:.2f}x faster than fp32 on this model"
     return "off", (f"CPU has {flag}, but bf16 measured {gain:.2f}x of fp32 speed on this "

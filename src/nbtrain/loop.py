@@ -145,9 +145,18 @@ def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Parts:
     params = [p for p in model.parameters() if p.requires_grad]
     parts = Parts(device, amp, batches, val_batches, move, forward, loss_fn, params)
     if cfg.amp == "auto" and amp == "bf16" and device.type == "cpu":
-        parts.amp, why = cpu_bf16_choice(lambda a: _probe_step(run, parts, a))
+        parts.amp, why = cpu_bf16_choice(lambda a: _probe_step(run, parts, a),
+                                         key=_architecture(model, parts.batches))
         run.resolved["amp"] = (parts.amp, why)
     return parts
+
+
+def _architecture(model, batches) -> tuple:
+    """What the bf16 measurement depends on: layers, parameter shapes, batch shapes."""
+    shapes = tuple((tuple(p.shape), p.dtype) for p in model.parameters())
+    batch = first_batch(batches) if hasattr(batches, "tensors") else None
+    inputs = tuple(tuple(t.shape) for t in batch) if batch else len(batches)
+    return (repr(model), shapes, inputs)
 
 
 def _probe_step(run: Run, parts: Parts, amp: str) -> None:

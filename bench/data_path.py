@@ -1,0 +1,162 @@
+"""The data path against plain PyTorch, measured in one run.
+
+    python bench/data_path.py [--repeats 7]
+
+1. In-memory tensors, 10,000 x 5 at batch 256 (the setup of pytorch/pytorch#10260):
+   iterating one epoch, and one fit epoch of a linear model, against
+   DataLoader(TensorDataset, num_workers=0) and the textbook loop. Targets: >= 10x, >= 3x.
+2. Files on disk: the digits images as PNG files decoded with Pillow, against the same
+   PNG bytes packed into one LMDB file, and LMDB holding decoded tensors; 0, 1, 2 workers.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+import nbtrain as nt
+from nbtrain.config import TrainConfig
+from nbtrain.data import make_batches
+
+
+def median_time(fn, repeats: int) -> float:
+    fn()   # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+# -- 1. in-memory tensors ---------------------------------------------------------------------
+def in_memory(repeats: int) -> list:
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(10_000, 5, generator=gen), torch.randn(10_000, 1, generator=gen)
+
+    def plain_iterate():
+        for _ in DataLoader(TensorDataset(x, y), batch_size=256, shuffle=True):
+            pass
+
+    def nbtrain_iterate():
+        for _ in make_batches((x, y), TrainConfig(batch_size=256), torch.device("cpu"), {}).epoch(0):
+            pass
+
+    def plain_fit():
+        model = nn.Linear(5, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for xb, yb in DataLoader(TensorDataset(x, y), batch_size=256, shuffle=True):
+            opt.zero_grad(set_to_none=True)
+            F.mse_loss(model(xb), yb).backward()
+            opt.step()
+
+    def nbtrain_fit():
+        cfg = TrainConfig(epochs=1, batch_size=256, optimizer="sgd", momentum=0.0, lr=0.01)
+        nt.fit(nn.Linear(5, 1), (x, y), F.mse_loss, config=cfg, progress=False)
+
+    rows = []
+    for label, plain, ours in (("iterate one epoch", plain_iterate, nbtrain_iterate),
+                               ("fit one epoch, linear model", plain_fit, nbtrain_fit)):
+        a, b = median_time(plain, repeats), median_time(ours, repeats)
+        rows.append((label, a * 1e3, b * 1e3, a / b))
+    return rows
+
+
+# -- 2. files on disk -------------------------------------------------------------------------
+def decode_png(data: bytes) -> torch.Tensor:
+    from PIL import Image
+    image = np.asarray(Image.open(io.BytesIO(data)), dtype=np.float32) / 255.0
+    return torch.from_numpy(image).unsqueeze(0)             # (8, 8) -> (1, 8, 8)
+
+
+class PngFiles(Dataset):
+    """One PNG file per sample, opened and decoded on every access."""
+
+    def __init__(self, folder: Path, labels):
+        self.paths = sorted(folder.glob("*.png"))
+        self.labels = labels
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        return decode_png(self.paths[i].read_bytes()), int(self.labels[i])
+
+
+class PngBytes(Dataset):
+    """The raw file bytes, for packing: LMDB then holds the same encoded images."""
+
+    def __init__(self, files: PngFiles):
+        self.files = files
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getitem__(self, i):
+        return self.files.paths[i].read_bytes(), int(self.files.labels[i])
+
+
+def decode_sample(sample):
+    data, label = sample
+    return decode_png(data), label
+
+
+def write_pngs(folder: Path):
+    from PIL import Image
+    x, y = nt.datasets.digits("all")
+    for i, image in enumerate((x[:, 0] * 255).to(torch.uint8).numpy()):
+        Image.fromarray(image).save(folder / f"{i:05d}.png")
+    return y
+
+
+def on_disk(repeats: int) -> list:
+    folder = Path(tempfile.mkdtemp(prefix="nbtrain-bench-"))
+    (folder / "png").mkdir()
+    labels = write_pngs(folder / "png")
+    files = PngFiles(folder / "png", labels)
+    nt.data.pack_lmdb(PngBytes(files), folder / "png.lmdb", progress=False)
+    nt.data.pack_lmdb(files, folder / "tensors.lmdb", progress=False)
+    sources = {"PNG files + Pillow": files,
+               "LMDB of PNG bytes + Pillow": nt.data.LMDBDataset(folder / "png.lmdb",
+                                                                  transform=decode_sample),
+               "LMDB of decoded tensors": nt.data.LMDBDataset(folder / "tensors.lmdb")}
+    rows = []
+    for label, dataset in sources.items():
+        rates = []
+        for workers in (0, 1, 2):
+            extra = dict(persistent_workers=True) if workers else {}
+            cfg = TrainConfig(batch_size=64, num_workers=workers, **extra)
+            source = make_batches(dataset, cfg, torch.device("cpu"), {})
+            seconds = median_time(lambda: [None for _ in source.epoch(0)], repeats)
+            rates.append(len(dataset) / seconds)
+        rows.append((label, *rates))
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args(argv)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"median of {args.repeats}\n")
+    print("| in-memory 10,000 x 5, batch 256 | plain ms | nbtrain ms | speed-up |")
+    print("|---|---:|---:|---:|")
+    for label, a, b, ratio in in_memory(args.repeats):
+        print(f"| {label} | {a:.1f} | {b:.2f} | {ratio:.1f}x |", flush=True)
+    print("\n| digits 1,797 images, batch 64: samples/s | 0 workers | 1 worker | 2 workers |")
+    print("|---|---:|---:|---:|")
+    for label, *rates in on_disk(args.repeats):
+        print(f"| {label} | " + " | ".join(f"{r:,.0f}" for r in rates) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
