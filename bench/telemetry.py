@@ -1,0 +1,52 @@
+"""What telemetry costs: nt.fit with telemetry on and off, interleaved, same process.
+
+    python bench/telemetry.py [--repeats 21]
+
+The MLP case of bench/overhead.py (64-128-10, 8,192x64, batch 64, one epoch); with
+log_every=10 (the default) and log_every=1 (a record every step, the worst case).
+Target (issue 4): telemetry on costs at most 2% more time per step.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import nbtrain as nt
+
+
+def epoch_time(x, y, **overrides) -> float:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+    cfg = nt.TrainConfig(epochs=1, batch_size=64, optimizer="adamw", **overrides)
+    start = time.perf_counter()
+    run = nt.fit(model, (x, y), F.cross_entropy, config=cfg, progress=False)
+    return (time.perf_counter() - start) / run.step
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=21)
+    args = parser.parse_args(argv)
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8192, 64, generator=gen), torch.randint(0, 10, (8192,), generator=gen)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"median of {args.repeats} interleaved epochs\n")
+    print("| log_every | telemetry off ms/step | on ms/step | on / off |\n|---:|---:|---:|---:|")
+    for log_every in (10, 1):
+        times = {False: [], True: []}
+        for telemetry in (False, True):
+            epoch_time(x, y, telemetry=telemetry, log_every=log_every)   # warm-up
+        for _ in range(args.repeats):
+            for telemetry in (False, True):
+                times[telemetry].append(epoch_time(x, y, telemetry=telemetry, log_every=log_every))
+        off, on = statistics.median(times[False]), statistics.median(times[True])
+        print(f"| {log_every} | {off * 1e3:.3f} | {on * 1e3:.3f} | {on / off:.3f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
