@@ -200,21 +200,3 @@ def test_the_loop_reads_the_host_once_per_interval(blobs, monkeypatch):
     intervals = len(run.records("train"))
     assert intervals >= 10
     assert intervals <= reads["n"] <= 2 * intervals, f"{reads['n']} reads, {intervals} intervals"
-
-
-def test_workers_really_load_in_another_process():
-    class Pids(torch.utils.data.Dataset):
-        def __len__(self):
-            return 64
-
-        def __getitem__(self, i):
-            return torch.randn(8), torch.tensor(os.getpid())
-    pids = []
-
-    def loss(out, pid):
-        pids.extend(pid.tolist())
-        return out.sum() * 0
-    run = nt.fit(nn.Linear(8, 3), Pids(), loss, config=quick(max_steps=2, num_workers=1),
-                 progress=False)
-    assert run.resolved["num_workers"][0] == 1
-    assert pids and os.getpid() not in pids

@@ -92,8 +92,9 @@ class Squares(torch.utils.data.Dataset):
         return torch.tensor([float(i)]), torch.tensor([float(i * i)])
 
 
-@pytest.mark.parametrize("method", ["spawn", "forkserver"])
-def test_a_notebook_dataset_works_with_spawn_and_forkserver_workers(method):
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_workers_load_in_other_processes_under_every_start_method(method):
+    """A Dataset class from a notebook cell cannot be imported by spawn/forkserver workers."""
     class NotebookDataset(torch.utils.data.Dataset):   # not importable by a fresh process
         def __len__(self):
             return 32
