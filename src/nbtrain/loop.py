@@ -17,7 +17,7 @@ from .config import ConfigError, TrainConfig
 from .data import (describe_bad_sample, first_batch, make_batches, make_mover,
                    prefetch_to_device, resolve_prefetch)
 from .devices import autocast_context, cpu_bf16_choice, resolve_amp, resolve_device
-from .memory import checkpointed_forward, release
+from .memory import checkpointed_forward, leaves_no_trace, release
 from .optim import build_optimizer, resolve_impl
 from .run import Run, TrainingError
 from .schedule import Schedule
@@ -112,43 +112,48 @@ def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Parts:
         raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}.")
     device, why = resolve_device(cfg.device)
     run.resolved["device"] = (str(device), why)
-    amp, why = resolve_amp(cfg.amp, device)
-    run.resolved["amp"] = (amp, why)
-    impl, why = resolve_impl(cfg, device)
-    run.resolved["optimizer_impl"] = (impl, why)
+    run.resolved["amp"] = resolve_amp(cfg.amp, device)
+    run.resolved["optimizer_impl"] = resolve_impl(cfg, device)
     batches = make_batches(train_data, cfg, device, run.resolved)
     val_batches = None
     if val_data is not None:
-        val_cfg = cfg.replace(shuffle=False, drop_last=False)
-        val_batches = make_batches(val_data, val_cfg, device, {})
+        val_batches = make_batches(val_data, cfg.replace(shuffle=False, drop_last=False), device, {})
     run.total_steps = _total_steps(cfg, batches)
-
+    forward = model
+    if cfg.activation_checkpointing is not False:
+        forward = checkpointed_forward(model, cfg.activation_checkpointing)
+    # --- nothing above changed the model; from here on it is built for this run
     model.to(device)
     if cfg.channels_last:
         model.to(memory_format=torch.channels_last)
+    if cfg.compile:
+        forward = torch.compile(model)
+    batches, move = _data_path(run, batches, device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    parts = Parts(device, run.resolved["amp"][0], batches, val_batches, move, forward,
+                  loss_fn, params)
+    if cfg.amp == "auto" and parts.amp == "bf16" and device.type == "cpu":
+        run.resolved["amp"] = cpu_bf16_choice(lambda amp: _probe_step(run, parts, amp),
+                                              key=_architecture(model, batches))
+        parts.amp = run.resolved["amp"][0]
     run.model = model
-    run.optimizer = build_optimizer(model, cfg, impl)
+    run.optimizer = build_optimizer(model, cfg, run.resolved["optimizer_impl"][0])
     run.schedule = Schedule(cfg, run.total_steps)
-    run.scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")   # never "auto"->fp16 on CPU
+    run.scaler = torch.amp.GradScaler(device.type, enabled=parts.amp == "fp16")
+    return parts
+
+
+def _data_path(run: Run, batches, device):
+    """The batch source and the function that puts a batch on the device."""
     resident, _ = run.resolved["data_on_device"]
     pinned, _ = run.resolved["pin_memory"]
-    pin_here = pinned and hasattr(batches, "tensors")
-    move = make_mover(device, pinned, resident, cfg.channels_last, pin_here)
-    prefetch, why = resolve_prefetch(cfg, device, resident, pinned)
-    run.resolved["prefetch_to_device"] = (prefetch, why)
-    if prefetch:   # batches arrive on the device: the step's own move has nothing left to do
-        batches = prefetch_to_device(batches, move, device)
-        move = make_mover(device, pinned, True, False)
-    forward = torch.compile(model) if cfg.compile else model
-    if cfg.activation_checkpointing is not False:
-        forward = checkpointed_forward(model, cfg.activation_checkpointing)
-    params = [p for p in model.parameters() if p.requires_grad]
-    parts = Parts(device, amp, batches, val_batches, move, forward, loss_fn, params)
-    if cfg.amp == "auto" and amp == "bf16" and device.type == "cpu":
-        parts.amp, why = cpu_bf16_choice(lambda a: _probe_step(run, parts, a),
-                                         key=_architecture(model, parts.batches))
-        run.resolved["amp"] = (parts.amp, why)
-    return parts
+    pin_here = pinned and hasattr(batches, "tensors")   # batched fetch does not pin by itself
+    move = make_mover(device, pinned, resident, run.config.channels_last, pin_here)
+    run.resolved["prefetch_to_device"] = resolve_prefetch(run.config, device, resident, pinned)
+    if run.resolved["prefetch_to_device"][0]:
+        # batches arrive on the device: the step's own move has nothing left to do
+        return prefetch_to_device(batches, move, device), make_mover(device, pinned, True, False)
+    return batches, move
 
 
 def _architecture(model, batches) -> tuple:
@@ -160,20 +165,11 @@ def _architecture(model, batches) -> tuple:
 
 
 def _probe_step(run: Run, parts: Parts, amp: str) -> None:
-    """One forward+backward on the first batch that leaves no trace: no grads, same
-    buffers (BatchNorm statistics), same RNG."""
-    batch = parts.move(first_batch(parts.batches))
-    buffers = [b.detach().clone() for b in run.model.buffers()]
-    rng = torch.get_rng_state()
-    try:
+    with leaves_no_trace(run.model):
+        batch = parts.move(first_batch(parts.batches))
         with autocast_context(amp, parts.device):
             loss = _loss_of(parts, batch)
         loss.backward()
-    finally:
-        run.model.zero_grad(set_to_none=True)
-        for saved, buf in zip(buffers, run.model.buffers()):
-            buf.copy_(saved)
-        torch.set_rng_state(rng)
 
 
 def _total_steps(cfg: TrainConfig, batches) -> int:

@@ -1,6 +1,7 @@
 """Memory tools: free a finished run, checkpoint activations, find the largest batch."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 from typing import Callable, Optional
@@ -100,7 +101,10 @@ def max_batch_size(model: torch.nn.Module, train_data, loss_fn: Optional[Callabl
         idx = torch.arange(size) % len(tensors[0])   # repeat samples past the data's length
         batch = tuple(t[idx].to(device) for t in tensors)
         try:
-            _trace_free_step(model, loss_fn, batch, amp, device, autocast_context)
+            with leaves_no_trace(model), autocast_context(amp, device):
+                out = model(*batch[:-1]) if loss_fn else model(batch)
+                loss = loss_fn(out, batch[-1]) if loss_fn else getattr(out, "loss", out)
+            loss.backward()
             return True
         except Exception as exc:
             if not is_out_of_memory(exc):
@@ -125,14 +129,14 @@ def max_batch_size(model: torch.nn.Module, train_data, loss_fn: Optional[Callabl
     return good
 
 
-def _trace_free_step(model, loss_fn, batch, amp, device, autocast_context) -> None:
+@contextlib.contextmanager
+def leaves_no_trace(model: torch.nn.Module):
+    """A trial forward/backward that changes nothing: no gradients left, buffers (e.g.
+    BatchNorm statistics) and the RNG (dropout) as they were."""
     buffers = [b.detach().clone() for b in model.buffers()]
     rng = torch.get_rng_state()
     try:
-        with autocast_context(amp, device):
-            out = model(*batch[:-1]) if loss_fn else model(batch)
-            loss = loss_fn(out, batch[-1]) if loss_fn else getattr(out, "loss", out)
-        loss.backward()
+        yield
     finally:
         model.zero_grad(set_to_none=True)
         with torch.no_grad():
