@@ -200,3 +200,29 @@ def test_the_loop_reads_the_host_once_per_interval(blobs, monkeypatch):
     intervals = len(run.records("train"))
     assert intervals >= 10
     assert intervals <= reads["n"] <= 2 * intervals, f"{reads['n']} reads, {intervals} intervals"
+
+
+def test_resume_with_a_new_lr_uses_it(blobs):
+    cfg = quick(max_steps=10, log_every=1)
+    run = nt.fit(mlp(), blobs, F.cross_entropy, config=cfg.replace(max_steps=10), progress=False,
+                 background=True)
+    run.subscribe(lambda r: r.get("step") == 4 and run.stop())
+    run.wait()
+    resumed = nt.fit(mlp(), blobs, F.cross_entropy, config=cfg.replace(lr=0.5), resume=run,
+                     progress=False)
+    assert resumed.records("train")[-1]["lr"] == 0.5
+
+
+def test_resume_refuses_another_optimizer(blobs):
+    run = nt.fit(mlp(), blobs, F.cross_entropy, config=quick(max_steps=2), progress=False)
+    with pytest.raises(nt.ConfigError, match="optimizer='sgd' cannot resume a run trained with 'adamw'"):
+        nt.fit(mlp(), blobs, F.cross_entropy, config=quick(max_steps=4, optimizer="sgd"),
+               resume=run, progress=False)
+
+
+def test_background_run_reports_running_at_once(blobs):
+    run = nt.fit(mlp(), blobs, F.cross_entropy, config=quick(max_steps=200), progress=False,
+                 background=True)
+    assert run.state == "running"
+    run.wait()
+    assert run.state == "finished"

@@ -6,6 +6,8 @@ notebook kernel (nbval) and the real browser are in test_browser.py.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -224,6 +226,8 @@ def test_each_train_adds_a_line_and_a_table_row_from_the_same_start(make_panel):
     panel.train_button.click()
     finish(panel)
     first, second, third = panel.runs
+    assert not first.optimizer.state and not second.optimizer.state   # released for the next
+    assert third.optimizer.state
     assert [s.label for s in panel.dashboard.slots] == ["run 1", "run 2", "run 3"]
     table = panel.dashboard.table.value
     assert table.count("<tr>") == 4 and "batch=32" in table and "finished" in table
@@ -250,8 +254,8 @@ def test_live_lr_change_applies_at_the_next_step_and_shows_on_the_lr_chart(make_
     panel.train_button.click()
     run = panel.run
     wait_until(lambda: len(run.records()) >= 2, what="records")
+    at = run.step   # every step counted here had started, with the old LR, before the change
     set_value(panel, "lr", 0.0123)
-    at = run.step
     assert run.schedule.base_lr == 0.0123
     wait_until(lambda: any(r["lr"] == 0.0123 for r in run.records()), what="the new lr")
     assert all(r["lr"] == 3e-3 for r in run.records() if r["step"] <= at)
@@ -387,3 +391,14 @@ def test_text_repr_is_stable_and_has_no_ids(make_panel):
     assert bundle["text/plain"] == a.text()
     assert "application/vnd.jupyter.widget-view+json" in bundle
     assert not re.search(r"[0-9a-f]{16,}", a.text() + a.dashboard.text())
+
+
+def test_nt_panel_and_dashboard_load_the_ui_only_when_used():
+    code = ("import sys, nbtrain as nt\n"
+            "ui = lambda: {'plotly', 'ipywidgets', 'anywidget'} & set(sys.modules)\n"
+            "assert not ui(), f'import nbtrain loaded {ui()}'\n"
+            "assert nt.Panel.__module__ == 'nbtrain.panel'\n"
+            "assert nt.Dashboard.__module__ == 'nbtrain.dashboard'\n"
+            "assert not ui(), f'nt.Panel loaded {ui()} before a Panel was made'\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -14,7 +14,17 @@ from .schedule import schedule_preview
 
 __version__ = "0.1.0"
 __all__ = ["TrainConfig", "ConfigError", "fit", "Run", "TrainingError", "schedule_preview", "max_batch_size",
-           "datasets", "data", "load_ipython_extension", "unload_ipython_extension"]
+           "datasets", "data", "load_ipython_extension", "unload_ipython_extension",
+           "Panel", "Dashboard"]
+
+_LAZY = {"Panel": "panel", "Dashboard": "dashboard"}   # they load ipywidgets/plotly: on first use
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'nbtrain' has no attribute {name!r}")
 
 
 def load_ipython_extension(ipython) -> None:

@@ -73,12 +73,20 @@ def load(path) -> dict:
 
 def restore(run, state: dict) -> None:
     """Load `state` into the freshly built parts of `run` and move it to the saved position."""
+    from .config import ConfigError
+    saved = state["config"]
+    if saved["optimizer"] != run.config.optimizer:
+        raise ConfigError(f"TrainConfig.optimizer={run.config.optimizer!r} cannot resume a run "
+                          f"trained with {saved['optimizer']!r}: its optimizer state does not "
+                          f"fit. Resume with optimizer={saved['optimizer']!r}, or start anew.")
     try:
         run.model.load_state_dict(state["model"])
     except RuntimeError as exc:
         raise ValueError(f"the checkpoint does not fit this model: {exc}") from exc
     run.optimizer.load_state_dict(state["optimizer"])
     run.schedule.load_state_dict(state["schedule"])
+    if run.config.lr != saved["lr"]:   # a new lr given for the rest of the run wins
+        run.schedule.base_lr = run.config.lr
     if state["scaler"]:
         run.scaler.load_state_dict(state["scaler"])
     torch.set_rng_state(state["rng"]["cpu"])

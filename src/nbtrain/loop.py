@@ -68,6 +68,7 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
         from .progress import attach_progress
         attach_progress(run)
     if background:
+        run.state = "running"   # already, so a caller polling right after sees it
         run._thread = threading.Thread(target=_train_safely, args=(run, parts),
                                        name="nbtrain-fit", daemon=True)
         run._thread.start()

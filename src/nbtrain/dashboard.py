@@ -1,0 +1,626 @@
+"""Live charts of training runs: throughput, step-time split, memory, LR and loss.
+
+    run = nt.fit(model, (x, y), loss_fn, config=cfg, background=True)
+    nt.Dashboard(run)          # in a notebook: five live charts and a runs table
+
+Three parts, so that a slow chart can never slow the loop:
+
+- the training thread only appends each record to an inbox (a deque: no lock, no wait);
+- `Reporter` decides *when* to redraw: at most every `interval` seconds while records
+  arrive, and at once when a run ends, so its final state is always drawn;
+- `PlotlyRenderer` decides *how*: one FigureWidget, every change in one `batch_update`.
+
+The drawing thread drains the inbox into `Decimated` buffers (a fixed number of points
+per run, however long it trains) under the one lock that also guards the figure.
+"""
+from __future__ import annotations
+
+import html
+import importlib.util
+import math
+import threading
+import time
+import warnings
+from collections import deque
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+# Fail at import, cheaply (no plotly import yet), when a package is missing: callers such
+# as `%%fasttrain --panel` then fall back to the progress bar on ImportError.
+_MISSING = [name for name in ("plotly", "anywidget", "ipywidgets")
+            if importlib.util.find_spec(name) is None]
+if _MISSING:
+    raise ImportError(f"nbtrain's live dashboard needs {', '.join(_MISSING)}: "
+                      "pip install 'nbtrain[notebook]' (or: pip install 'plotly>=6' anywidget "
+                      "'ipywidgets>=8').")
+
+MAX_POINTS = 400          # per trace: enough for a smooth curve, small enough to send 4x/s
+INTERVAL_S = 0.25         # about 4 redraws a second: live to the eye, cheap for the kernel
+PREVIEW_EXACT_LIMIT = 200_000   # schedule_preview lists every step; past this we sample
+
+# Colors of runs 1, 2, 3, ... (plotly's default qualitative palette).
+PALETTE = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692",
+           "#b6e880", "#ff97ff", "#fecb52")
+
+LOSS_TICKS = [m * 10.0 ** e for e in range(-4, 3) for m in (1, 2, 5)]
+
+# Columns kept from each train record; "compute_s" may be derived (see `_train_row`).
+TRAIN_FIELDS = ("step", "samples_per_s", "data_wait_s", "copy_s", "compute_s", "rss_mb",
+                "cuda_allocated_mb", "cuda_reserved_mb", "nvml_used_mb", "lr", "loss")
+VAL_FIELDS = ("step", "val_loss")
+
+# The charts, in the order of the grid: name -> (row, col, title).
+CHARTS = {
+    "throughput": (1, 1, "Throughput (samples/s)"),
+    "split": (1, 2, "Step time (s): data wait / copy / compute, stacked"),
+    "memory": (2, 1, "Memory (MB): RSS solid, CUDA alloc dash / reserved dot, NVML dashdot"),
+    "lr": (2, 2, "Learning rate: planned dashed, actual solid"),
+    "loss": (3, 1, "Loss: train line, validation markers"),
+}
+
+# What is drawn for each run: (buffer, column, chart, label, style). A series whose
+# record field never arrives (e.g. CUDA memory on a CPU run) gets no trace at all.
+SERIES = (
+    ("planned", "lr", "lr", "planned LR", dict(line=dict(dash="dash", width=1.2))),
+    ("train", "samples_per_s", "throughput", "samples/s", {}),
+    ("train", "data_wait_s", "split", "data wait", dict(stackgroup="split", fill_alpha=0.9)),
+    ("train", "copy_s", "split", "copy", dict(stackgroup="split", fill_alpha=0.55)),
+    ("train", "compute_s", "split", "compute", dict(stackgroup="split", fill_alpha=0.25)),
+    ("train", "rss_mb", "memory", "process RSS", {}),
+    ("train", "cuda_allocated_mb", "memory", "CUDA allocated", dict(line=dict(dash="dash"))),
+    ("train", "cuda_reserved_mb", "memory", "CUDA reserved", dict(line=dict(dash="dot"))),
+    ("train", "nvml_used_mb", "memory", "NVML used", dict(line=dict(dash="dashdot"))),
+    ("train", "lr", "lr", "actual LR", {}),
+    ("train", "loss", "loss", "train loss", {}),
+    ("val", "val_loss", "loss", "validation loss", dict(mode="lines+markers",
+                                                        line=dict(dash="dot"))),
+)
+
+
+def _number(value) -> float:
+    """A record value as a float; anything missing or not a number becomes NaN."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return math.nan
+    return float(value)
+
+
+# -- bounded buffers --------------------------------------------------------------------------
+class Decimated:
+    """Rows of floats, never more than `max_points`, evenly spaced over the whole run.
+
+    When full, every other row is dropped and from then on only every `stride`-th new
+    row is kept: O(1) per row, bounded memory, and the spacing stays even. The newest
+    row is kept apart, so a chart always ends where training is.
+
+    >>> buf = Decimated(("step", "loss"), max_points=4)
+    >>> for s in range(1, 11): buf.add((s, 1.0 / s))
+    >>> buf.columns()["step"].tolist()
+    [1.0, 5.0, 9.0, 10.0]
+    """
+
+    def __init__(self, fields: Tuple[str, ...], max_points: int = MAX_POINTS):
+        if max_points < 2:
+            raise ValueError(f"max_points must be >= 2 (a line needs two points); got {max_points}.")
+        self.fields = fields
+        self.max_points = max_points
+        self.rows: List[tuple] = []
+        self.stride = 1
+        self.seen = 0
+        self.last: Optional[tuple] = None
+
+    def add(self, row: tuple) -> None:
+        if self.seen % self.stride == 0:
+            self.rows.append(row)
+            if len(self.rows) >= self.max_points:   # leave room for the newest row
+                self.rows = self.rows[::2]
+                self.stride *= 2
+        self.seen += 1
+        self.last = row
+
+    def columns(self) -> Dict[str, np.ndarray]:
+        rows = self.rows if not self.rows or self.rows[-1] is self.last else self.rows + [self.last]
+        table = np.array(rows, dtype=np.float64).reshape(len(rows), len(self.fields))
+        return {name: table[:, i] for i, name in enumerate(self.fields)}
+
+    def __len__(self) -> int:
+        return len(self.rows) + (self.last is not None and (not self.rows or self.rows[-1] is not self.last))
+
+
+def _train_row(record: dict) -> tuple:
+    values = {name: _number(record.get(name)) for name in TRAIN_FIELDS}
+    if math.isnan(values["compute_s"]) and not math.isnan(_number(record.get("step_time_s"))):
+        # Engines before the copy/compute split: the rest of the step is compute (+ copy).
+        copy = 0.0 if math.isnan(values["copy_s"]) else values["copy_s"]
+        wait = 0.0 if math.isnan(values["data_wait_s"]) else values["data_wait_s"]
+        values["compute_s"] = max(record["step_time_s"] - wait - copy, 0.0)
+    return tuple(values[name] for name in TRAIN_FIELDS)
+
+
+def planned_lr(config, total_steps: int, max_points: int = MAX_POINTS,
+               schedule=None, from_step: int = 0) -> Tuple[np.ndarray, np.ndarray]:
+    """(steps, lrs): the LR each optimizer step applies, at most about `max_points` of them.
+
+    Steps are counted like records' `step` (1 after the first step), so planned and
+    actual LR line up. `schedule` (a run's live Schedule) gives the LR after a live
+    `set_lr`; without it, `schedule_preview` plans from the config alone.
+    """
+    from .schedule import schedule_preview
+    if total_steps <= from_step:
+        return np.empty(0), np.empty(0)
+    picks = np.unique(np.linspace(from_step, total_steps - 1, max_points).round().astype(np.int64))
+    if schedule is not None:
+        lrs = [schedule.lr(int(i)) for i in picks]
+    elif total_steps <= PREVIEW_EXACT_LIMIT:
+        lrs = np.asarray(schedule_preview(config, total_steps), dtype=np.float64)[picks]
+    else:   # a million-step preview is a second of pure Python: sample the same curve
+        from .schedule import Schedule
+        lrs = [Schedule(config, total_steps).lr(int(i)) for i in picks]
+    return picks.astype(np.float64) + 1.0, np.asarray(lrs, dtype=np.float64)
+
+
+# -- one run on the charts --------------------------------------------------------------------
+@dataclass
+class Slot:
+    """A run on the charts: its buffers, its color, and the totals of the runs table."""
+    label: str
+    color: str
+    run: object
+    train: Decimated
+    val: Decimated
+    planned: Tuple[np.ndarray, np.ndarray] = (np.empty(0), np.empty(0))
+    last_step: Dict[str, int] = field(default_factory=lambda: {"train": -1, "val": -1})
+    subscriber: Optional[Callable] = None
+    ended: bool = False
+    dirty: bool = True                 # something to redraw
+    planned_dirty: bool = True         # the planned LR too (it changes rarely)
+    samples: float = 0.0
+    busy_s: float = 0.0
+    peak_rss_mb: float = math.nan
+    peak_cuda_mb: float = math.nan
+    last_train: Optional[dict] = None
+    last_val: Optional[dict] = None
+
+    def take(self, record: dict) -> None:
+        """Fold one record in; records already seen (a resumed run's copied history) are skipped."""
+        kind = record.get("kind")
+        if kind == "end":
+            self.ended = True
+            self.dirty = True
+            return
+        if kind not in self.last_step or record.get("step", -1) <= self.last_step[kind]:
+            return
+        self.last_step[kind] = record["step"]
+        self.dirty = True
+        if kind == "val":
+            self.val.add((_number(record["step"]), _number(record.get("val_loss"))))
+            self.last_val = record
+            return
+        self.train.add(_train_row(record))
+        self.last_train = record
+        self.samples += _number(record.get("samples", 0))
+        self.busy_s += _number(record.get("interval_s", 0))
+        self.peak_rss_mb = np.fmax(self.peak_rss_mb, _number(record.get("peak_rss_mb")))
+        self.peak_cuda_mb = np.fmax(self.peak_cuda_mb, _number(record.get("cuda_peak_allocated_mb")))
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.busy_s if self.busy_s > 0 else math.nan
+
+    def arrays(self) -> Dict[Tuple[str, str], Tuple[np.ndarray, np.ndarray]]:
+        """(buffer, column) -> (x, y) of every series to redraw that has a real value."""
+        out = {("planned", "lr"): self.planned} if self.planned_dirty else {}
+        for name, buf in (("train", self.train), ("val", self.val)):
+            if not len(buf):
+                continue
+            cols = buf.columns()
+            for column in buf.fields[1:]:
+                y = cols[column]
+                if np.isfinite(y).any():
+                    out[(name, column)] = (cols["step"], y)
+        return out
+
+
+# -- when to redraw ---------------------------------------------------------------------------
+class Reporter:
+    """When to redraw, apart from how (as fastprogress's `update_every` and tqdm's `mininterval`).
+
+    `poke()` is all a training thread calls: it sets a flag and, for an ending run, wakes
+    the drawing thread at once. The drawing thread calls `draw()` at most every
+    `interval` seconds while there is something new, under `lock`, and exits when
+    `active()` says no run is left to watch. `flush()` draws now, from the caller's thread.
+    """
+
+    def __init__(self, draw: Callable[[], None], active: Callable[[], bool],
+                 interval: float = INTERVAL_S):
+        self.draw, self.active, self.interval = draw, active, interval
+        self.lock = threading.RLock()       # the one lock: buffers, figure and table
+        self.draws = 0
+        self.busy_s = 0.0                   # time spent drawing: what the charts cost
+        self._pending = False
+        self._urgent = threading.Event()
+        self._closed = False
+        self._thread: Optional[threading.Thread] = None
+        self._warned = False
+
+    def poke(self, urgent: bool = False) -> None:
+        """Something new to draw (any thread; never blocks)."""
+        self._pending = True
+        if urgent:
+            self._urgent.set()
+
+    def watch(self) -> None:
+        """Make sure the drawing thread runs (a run was added)."""
+        with self.lock:
+            self._closed = False
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="nbtrain-dashboard",
+                                                daemon=True)
+                self._thread.start()
+
+    def flush(self) -> None:
+        with self.lock:
+            self._pending = False
+            self._draw_safely()
+
+    def join(self, timeout: Optional[float] = None) -> bool:
+        """Wait until the drawing thread has drawn the end of every run; True when it has."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        return self._thread is None
+
+    def close(self) -> None:
+        self._closed = True
+        self._urgent.set()
+        self.join(2 * self.interval + 1)
+
+    def _loop(self) -> None:
+        while True:
+            self._urgent.wait(self.interval)
+            self._urgent.clear()
+            with self.lock:
+                if self._pending:
+                    self._pending = False
+                    self._draw_safely()
+                if self._closed or (not self.active() and not self._pending):
+                    self._thread = None
+                    return
+
+    def _draw_safely(self) -> None:
+        start = time.perf_counter()
+        try:
+            self.draw()
+            self.draws += 1
+        except Exception as exc:   # a chart bug must not kill the thread that draws every run
+            if not self._warned:
+                self._warned = True
+                warnings.warn(f"nbtrain dashboard: drawing failed with {exc!r}; the charts "
+                              "may be stale. Training is not affected.")
+        finally:
+            self.busy_s += time.perf_counter() - start
+
+
+# -- how to draw ------------------------------------------------------------------------------
+UNCHANGED = object()   # draw(preview=UNCHANGED): leave the preview line as it is
+
+
+def _require_plotly_widgets():
+    """plotly's FigureWidget (anywidget-based from plotly 6) and ipywidgets, or a clear fix."""
+    try:
+        import ipywidgets
+        import plotly.graph_objects as go
+        from plotly.subplots import make_subplots
+        go.FigureWidget   # plotly >= 6 raises here when anywidget is missing
+    except ImportError as exc:
+        raise ImportError(f"nbtrain's live dashboard needs plotly, anywidget and ipywidgets "
+                          f"({exc}). Install them with: pip install 'nbtrain[notebook]' "
+                          "(or: pip install 'plotly>=6' anywidget 'ipywidgets>=8').") from None
+    return ipywidgets, go, make_subplots
+
+
+def _rgba(hex_color: str, alpha: float) -> str:
+    r, g, b = (int(hex_color[i:i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+class PlotlyRenderer:
+    """How to draw: one FigureWidget with five charts, a trace per (run, series).
+
+    A trace is made the first time its series has data; after that each draw only sets
+    x and y of the traces of runs that changed, in one `batch_update` (one message).
+    """
+
+    def __init__(self, height: int = 760):
+        _, go, make_subplots = _require_plotly_widgets()
+        self._go = go
+        grid = make_subplots(rows=3, cols=2, specs=[[{}, {}], [{}, {}], [{"colspan": 2}, None]],
+                             subplot_titles=[title for _, _, title in CHARTS.values()],
+                             vertical_spacing=0.1, horizontal_spacing=0.08)
+        grid.update_layout(height=height, autosize=True, margin=dict(l=50, r=20, t=40, b=40),
+                           template="plotly_white", hovermode="x unified",
+                           legend=dict(orientation="h", y=-0.06), uirevision="nbtrain")
+        grid.update_annotations(font_size=11)
+        # Losses span decades: log axis, ticks at 1-2-5 steps with full labels (not "5", "2").
+        grid.update_yaxes(type="log", tickmode="array", tickvals=LOSS_TICKS,
+                          ticktext=[f"{v:g}" for v in LOSS_TICKS], row=3, col=1)
+        grid.update_xaxes(title_text="step", row=3, col=1)
+        self.figure = go.FigureWidget(grid)
+        self.traces: Dict[Tuple[str, str, str], object] = {}   # (label, buffer, column) -> trace
+
+    def draw(self, slots: List[Slot], preview=UNCHANGED) -> None:
+        """Redraw the series of `slots`; `preview`: the next Train's (x, y) LR, or None to hide."""
+        updates = []
+        for slot in slots:
+            for key, (x, y) in slot.arrays().items():
+                updates.append((self._trace(slot, key), x, y))
+        preview_trace = self._preview_trace() if preview is not UNCHANGED else None
+        with self.figure.batch_update():
+            for trace, x, y in updates:
+                trace.x, trace.y = x, y
+            if preview_trace is not None:
+                x, y = preview if preview is not None else (np.empty(0), np.empty(0))
+                preview_trace.x, preview_trace.y = x, y
+                preview_trace.visible = preview is not None
+
+    def _trace(self, slot: Slot, key: Tuple[str, str]):
+        if (slot.label,) + key not in self.traces:
+            self._add_trace(slot, key)
+        return self.traces[(slot.label,) + key]
+
+    def _add_trace(self, slot: Slot, key: Tuple[str, str]) -> None:
+        buffer, column, chart, label, style = next(s for s in SERIES if s[:2] == key)
+        style = dict(style)
+        alpha = style.pop("fill_alpha", None)
+        if "stackgroup" in style:   # each run stacks on itself, never on another run
+            style["stackgroup"] = f"{slot.label} {style['stackgroup']}"
+        line = {"color": slot.color, "width": 1.5, **style.pop("line", {})}
+        first = column == "samples_per_s"   # one legend entry per run: its throughput line
+        trace = self._go.Scatter(   # meta: the record field, so a page script can find it
+            x=[], y=[], name=slot.label, legendgroup=slot.label, showlegend=first, meta=column,
+            mode=style.pop("mode", "lines"), line=line,
+            fillcolor=_rgba(slot.color, alpha) if alpha else None,
+            hovertemplate=f"{label}: %{{y:.4g}}<extra>{html.escape(slot.label)}</extra>", **style)
+        row, col, _ = CHARTS[chart]
+        self.figure.add_trace(trace, row=row, col=col)
+        self.traces[(slot.label, buffer, column)] = self.figure.data[-1]
+
+    def _preview_trace(self):
+        if "next" not in self.traces:
+            row, col, _ = CHARTS["lr"]
+            self.figure.add_trace(self._go.Scatter(
+                x=[], y=[], name="planned: next Train", mode="lines", meta="next",
+                line=dict(color="#888888", dash="dash", width=1.5),
+                hovertemplate="next Train: %{y:.4g}<extra></extra>"), row=row, col=col)
+            self.traces["next"] = self.figure.data[-1]
+        return self.traces["next"]
+
+
+# -- the dashboard --------------------------------------------------------------------------
+class Dashboard:
+    """Live charts of one or more Runs and a table with a row per run.
+
+    >>> run = nt.fit(model, (x, y), loss_fn, config=cfg, background=True)
+    >>> dash = nt.Dashboard(run)        # shows itself in a notebook, as a tqdm bar does
+    >>> dash.add(other_run)             # a second run, side by side
+
+    Also `nt.fit(..., progress=nt.Dashboard)`: the charts of a blocking fit.
+    Updates are throttled (`interval` seconds), batched, and bounded (`max_points` per
+    trace); training never waits for a chart. Without a browser (a script, nbconvert,
+    nbval) nothing is shown and nothing waits; the text repr is stable.
+    """
+
+    def __init__(self, *runs, max_points: int = MAX_POINTS, interval: float = INTERVAL_S,
+                 height: int = 760, show: bool = True):
+        ipywidgets, _, _ = _require_plotly_widgets()
+        self.max_points = max_points
+        self.renderer = PlotlyRenderer(height)
+        self.table = ipywidgets.HTML(value=_table_html([]))
+        self.widget = ipywidgets.VBox([self.renderer.figure, self.table])
+        self.slots: List[Slot] = []
+        self._inbox: deque = deque()
+        self._preview = UNCHANGED   # the next Train's planned LR, until drawn
+        self._after_draw: List[Callable[[], None]] = []
+        self._shown = False
+        self.reporter = Reporter(self._draw, self._active, interval)
+        for run in runs:
+            self.add(run)
+        if runs and show:
+            self._show_in_notebook()
+
+    # -- public ------------------------------------------------------------------------------
+    @property
+    def figure(self):
+        """The plotly FigureWidget (traces are named by run; see `trace`)."""
+        return self.renderer.figure
+
+    @property
+    def lock(self) -> threading.RLock:
+        return self.reporter.lock
+
+    def add(self, run, label: Optional[str] = None, continues=None) -> Slot:
+        """Chart `run` from now on (and what it already recorded); returns its Slot.
+
+        `continues`: a Run that `run` resumes; it keeps that run's line, color and row.
+        """
+        with self.lock:
+            slot = self._slot_for(run, label, continues)
+            slot.subscriber = run.subscribe(partial(self._receive, slot, run))
+            # Subscribed first, then the history: a record in both is dropped by step.
+            for record in list(run.history):
+                slot.take(record)
+            slot.planned, slot.planned_dirty = self._planned_of(run), True
+            if run.state not in ("created", "running"):   # ended before we subscribed
+                self._receive(slot, run, {"kind": "end", "state": run.state})
+            self.reporter.watch()
+        self.flush()
+        return slot
+
+    def preview(self, config, total_steps: Optional[int]) -> None:
+        """Show the LR a run with `config` would follow (None hides it); drawn at once."""
+        with self.lock:
+            self._preview = planned_lr(config, total_steps, self.max_points) if total_steps \
+                else None
+            self.flush()
+
+    def replan(self, run) -> None:
+        """After `run.set_lr`: the planned LR from the run's next step on follows the new LR."""
+        with self.lock:
+            slot = self.slot_of(run)
+            if slot is None or run.schedule is None:
+                return
+            x, y = slot.planned
+            keep = x <= run.step
+            new_x, new_y = planned_lr(run.config, run.total_steps, self.max_points,
+                                      schedule=run.schedule, from_step=run.step)
+            slot.planned = (np.concatenate([x[keep], new_x]), np.concatenate([y[keep], new_y]))
+            slot.dirty = slot.planned_dirty = True
+            self.flush()
+
+    def flush(self) -> None:
+        """Draw everything received so far, now, in this thread."""
+        self.reporter.flush()
+
+    def after_draw(self, fn: Callable[[], None]) -> None:
+        """Call `fn()` after each draw (in the drawing thread, holding the lock)."""
+        self._after_draw.append(fn)
+
+    def slot_of(self, run) -> Optional[Slot]:
+        return next((s for s in self.slots if s.run is run), None)
+
+    def trace(self, label: str, column: str, buffer: str = "train"):
+        """The trace of `column` (e.g. "samples_per_s", "rss_mb", "lr") for run `label`."""
+        return self.renderer.traces.get((label, buffer, column))
+
+    def close(self) -> None:
+        """Stop listening to every run and end the drawing thread."""
+        with self.lock:
+            for slot in self.slots:
+                if slot.subscriber is not None:
+                    slot.run.unsubscribe(slot.subscriber)
+        self.reporter.close()
+
+    def text(self) -> str:
+        """A stable description (no ids, no timings), used as the text repr for nbval."""
+        lines = [f"nbtrain.Dashboard: {len(self.slots)} run(s)"]
+        lines += [f"  {s.label}: {_settings_text(s.run)}" for s in self.slots]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        if self._shown:   # shown itself already: a second copy would only repeat the charts
+            return {"text/plain": self.text()}
+        bundle = self.widget._repr_mimebundle_(include=include, exclude=exclude) or {}
+        bundle["text/plain"] = self.text()
+        return bundle
+
+    # -- inside ------------------------------------------------------------------------------
+    def _receive(self, slot: Slot, run, record: dict) -> None:
+        """In the training thread: append and poke, nothing else (no lock, no drawing)."""
+        self._inbox.append((slot, run, record))
+        self.reporter.poke(urgent=record.get("kind") == "end")
+
+    def _slot_for(self, run, label, continues) -> Slot:
+        old = self.slot_of(continues) if continues is not None else None
+        if old is not None:
+            if old.subscriber is not None:
+                old.run.unsubscribe(old.subscriber)
+            old.run, old.ended, old.dirty = run, False, True
+            return old
+        n = len(self.slots)
+        slot = Slot(label or f"run {n + 1}", PALETTE[n % len(PALETTE)], run,
+                    Decimated(TRAIN_FIELDS, self.max_points), Decimated(VAL_FIELDS, self.max_points))
+        self.slots.append(slot)
+        return slot
+
+    def _planned_of(self, run) -> Tuple[np.ndarray, np.ndarray]:
+        if not run.total_steps:
+            return np.empty(0), np.empty(0)
+        schedule = run.schedule if run.schedule is not None and \
+            run.schedule.base_lr != run.config.lr else None
+        return planned_lr(run.config, run.total_steps, self.max_points, schedule=schedule)
+
+    def _active(self) -> bool:
+        return any(not s.ended for s in self.slots) or bool(self._inbox)
+
+    def _draw(self) -> None:
+        """Drain the inbox, then redraw the runs that changed (called holding the lock)."""
+        while self._inbox:
+            slot, run, record = self._inbox.popleft()
+            if slot.run is run:   # not the late "end" of a run that was since resumed
+                slot.take(record)
+        changed = [s for s in self.slots if s.dirty]
+        self.renderer.draw(changed, self._preview)
+        self._preview = UNCHANGED
+        if changed:
+            self.table.value = _table_html(self.slots)
+        for slot in changed:
+            slot.dirty = slot.planned_dirty = False
+        for fn in self._after_draw:
+            fn()
+
+    def _show_in_notebook(self) -> None:
+        """Display once, as a tqdm bar does, so `progress=nt.Dashboard` shows up in a blocking fit."""
+        try:
+            from IPython import get_ipython
+            from IPython.display import display
+        except ImportError:
+            return
+        shell = get_ipython()
+        if shell is None or not hasattr(shell, "kernel"):   # a script or a terminal IPython
+            return
+        display(self)
+        self._shown = True
+
+
+# -- the runs table -------------------------------------------------------------------------
+def _settings_text(run) -> str:
+    """The settings that matter for speed, as resolved when known, else as configured."""
+    cfg = run.config
+    got = {name: value for name, (value, _) in getattr(run, "resolved", {}).items()}
+
+    def pick(name):
+        return got.get(name, getattr(cfg, name))
+
+    sched = cfg.scheduler + (f"+warmup {cfg.warmup_steps}" if cfg.warmup_steps else "")
+    return (f"amp={pick('amp')} workers={pick('num_workers')} pin={pick('pin_memory')} "
+            f"on_device={pick('data_on_device')} batch={cfg.batch_size} {cfg.optimizer} "
+            f"lr={cfg.lr:g} {sched}")
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None or (isinstance(value, float) and not math.isfinite(value)) \
+        else format(value, spec)
+
+
+def _table_row(slot: Slot) -> List[str]:
+    run = slot.run
+    total = run.total_steps if run.total_steps is not None else "?"
+    cuda = math.isfinite(slot.peak_cuda_mb)
+    peak = _fmt(slot.peak_cuda_mb if cuda else slot.peak_rss_mb, ",.0f")
+    peak += " (CUDA)" if cuda else (" (RSS)" if peak != "-" else "")
+    last, val = slot.last_train or {}, slot.last_val or {}
+    return [f'<span style="color:{slot.color}">&#9632;</span>&nbsp;{html.escape(slot.label)}',
+            html.escape(_settings_text(run)), html.escape(run.state), f"{run.step}/{total}",
+            _fmt(slot.samples_per_s, ",.0f"), peak, _fmt(last.get("loss"), ".4g"),
+            _fmt(val.get("val_loss"), ".4g"), _fmt(val.get("val_acc"), ".1%")]
+
+
+TABLE_HEAD = ("run", "settings", "state", "steps", "samples/s", "peak memory MB",
+              "final loss", "val loss", "val acc")
+
+
+def _table_html(slots: List[Slot]) -> str:
+    head = "".join(f"<th style='text-align:left;padding:2px 8px'>{h}</th>" for h in TABLE_HEAD)
+    cell = "<td style='padding:2px 8px;white-space:nowrap'>{}</td>"
+    wrap = "<td style='padding:2px 8px;max-width:26em'>{}</td>"   # the settings column
+    rows = "".join("<tr>" + "".join((wrap if i == 1 else cell).format(c)
+                                    for i, c in enumerate(_table_row(s))) + "</tr>" for s in slots)
+    body = rows or f"<tr><td colspan={len(TABLE_HEAD)} style='padding:2px 8px;color:#888'>" \
+                   "no runs yet</td></tr>"
+    return (f"<table class='nbtrain-runs' style='border-collapse:collapse;font-size:12px'>"
+            f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")

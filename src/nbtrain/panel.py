@@ -1,0 +1,481 @@
+"""nt.Panel: a control for every TrainConfig toggle, Train / Stop / Resume, live charts.
+
+    panel = nt.Panel(model, nt.datasets.digits("train"), F.cross_entropy,
+                     config=nt.TrainConfig(epochs=5, scheduler="onecycle"))
+    panel        # set toggles, press Train, change one, Train again: the runs side by side
+
+The controls only write a TrainConfig (the loop only reads it); training runs in a
+background thread (`fit(background=True)`), so Stop and live LR changes work while the
+kernel stays free.
+"""
+from __future__ import annotations
+
+import html
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional
+
+from .config import AMP_MODES, OPTIMIZERS, SCHEDULERS, ConfigError, TrainConfig
+from .dashboard import Dashboard, _require_plotly_widgets
+
+AUTO_ON_OFF = [("auto", "auto"), ("on", True), ("off", False)]
+ADAM_FAMILY = ("adam", "adamw", "radam", "nadam")
+LIVE_FIELDS = ("lr",)   # applied to a running run; every other field needs the next Train
+ERROR_STYLE = "color:#b00020;font-size:12px"
+
+
+# -- one control per TrainConfig field --------------------------------------------------------
+@dataclass
+class Control:
+    """A widget that edits one TrainConfig field, with the place its errors are shown."""
+    field: str
+    widget: Any                          # what is laid out (a box for the two betas)
+    read: Callable[[], Any]              # widget -> field value (may raise ConfigError)
+    write: Callable[[Any], None]         # field value -> widget
+    error: Any                           # an HTML widget beside it, empty when all is well
+    row: Any                             # widget + error, what is laid out and hidden
+    shown: Callable[[dict], bool]        # given the raw values of all controls
+    inputs: tuple                        # the widgets whose "value" changes are edits
+
+    def on_edit(self, fn: Callable[[dict], None]) -> None:
+        for widget in self.inputs:
+            widget.observe(fn, names="value")
+
+    def show_error(self, text: str) -> None:
+        self.error.value = f"<span style='{ERROR_STYLE}'>{html.escape(text, quote=False)}</span>" \
+            if text else ""
+
+
+def _always(values: dict) -> bool:
+    return True
+
+
+def _when(name: str, *choices) -> Callable[[dict], bool]:
+    return lambda values: values.get(name) in choices
+
+
+class _Builder:
+    """Makes Controls with one look: a description column, the widget, its error."""
+
+    def __init__(self, widgets, config: TrainConfig):
+        self.w, self.config = widgets, config
+        self.style = {"description_width": "11em"}
+        self.layout = widgets.Layout(width="21em")
+
+    def _control(self, name, widget, read, write, shown=_always, inputs=None) -> Control:
+        error = self.w.HTML(value="")
+        row = self.w.HBox([widget, error])
+        write(getattr(self.config, name))
+        return Control(name, widget, read, write, error, row, shown, inputs or (widget,))
+
+    def choice(self, name, label, options, shown=_always) -> Control:
+        options = [o if isinstance(o, tuple) else (str(o), o) for o in options]
+        current = getattr(self.config, name)
+        if all(value != current or type(value) is not type(current) for _, value in options):
+            options.append((str(current), current))   # a value the list lacks, e.g. 12 workers
+        w = self.w.Dropdown(options=options, description=label, style=self.style, layout=self.layout)
+        return self._control(name, w, lambda: w.value, _setter(w), shown)
+
+    def integer(self, name, label, shown=_always) -> Control:
+        w = self.w.IntText(description=label, style=self.style, layout=self.layout)
+        return self._control(name, w, lambda: w.value, _setter(w), shown)
+
+    def number(self, name, label, shown=_always) -> Control:
+        w = self.w.FloatText(description=label, style=self.style, layout=self.layout)
+        return self._control(name, w, lambda: w.value, _setter(w), shown)
+
+    def flag(self, name, label, shown=_always) -> Control:
+        w = self.w.Checkbox(description=label, style=self.style, layout=self.layout, indent=True)
+        return self._control(name, w, lambda: w.value, _setter(w), shown)
+
+    def optional_int(self, name, label, placeholder, shown=_always) -> Control:
+        """A Text: empty means None, else a whole number (TrainConfig checks the range)."""
+        w = self.w.Text(description=label, placeholder=placeholder, style=self.style,
+                        layout=self.layout, continuous_update=False)
+
+        def read():
+            text = w.value.strip()
+            if not text:
+                return None
+            try:
+                return int(text)
+            except ValueError:
+                raise ConfigError(f"TrainConfig.{name}={text!r} is not allowed: expected a "
+                                  f"whole number, or empty ({placeholder}).") from None
+
+        def write(value):
+            w.value = "" if value is None else str(value)
+        return self._control(name, w, read, write, shown)
+
+    def betas(self, shown) -> Control:
+        """Adam's (beta1, beta2): two number boxes, one field."""
+        b1 = self.w.FloatText(description="beta1, beta2", style=self.style, layout=self.layout)
+        b2 = self.w.FloatText(layout=self.w.Layout(width="7em"))
+
+        def write(value):
+            b1.value, b2.value = value
+        return self._control("betas", self.w.HBox([b1, b2]), lambda: (b1.value, b2.value),
+                             write, shown, inputs=(b1, b2))
+
+
+def _setter(widget) -> Callable[[Any], None]:
+    def write(value):
+        widget.value = value
+    return write
+
+
+def build_controls(widgets, config: TrainConfig) -> Dict[str, List[Control]]:
+    """Every toggle of the article, grouped as the Panel's tabs show them."""
+    b = _Builder(widgets, config)
+    sgd_like = _when("optimizer", "sgd", "rmsprop")
+    return {
+        "Run": [
+            b.integer("epochs", "epochs"),
+            b.optional_int("max_steps", "max steps", "empty: epochs decide"),
+            b.integer("batch_size", "batch size"),
+            b.choice("device", "device", ["auto", "cpu", "cuda", "mps"]),
+            b.integer("log_every", "log every (steps)"),
+        ],
+        "Speed": [
+            b.choice("amp", "mixed precision", list(AMP_MODES)),
+            b.choice("pin_memory", "pin memory", AUTO_ON_OFF),
+            b.choice("num_workers", "loader workers", ["auto", 0, 1, 2, 4, 8]),
+            b.choice("prefetch_factor", "prefetch factor", [("default", None), 1, 2, 4, 8]),
+            b.flag("persistent_workers", "persistent workers"),
+            b.choice("data_on_device", "data on device", AUTO_ON_OFF),
+            b.choice("batched_fetch", "batched fetch", AUTO_ON_OFF),
+            b.flag("channels_last", "channels last"),
+        ],
+        "Optimizer": [
+            b.choice("optimizer", "optimizer", list(OPTIMIZERS)),
+            b.number("lr", "learning rate"),
+            b.number("weight_decay", "weight decay"),
+            b.number("momentum", "momentum", shown=sgd_like),
+            b.flag("nesterov", "Nesterov", shown=_when("optimizer", "sgd")),
+            b.betas(shown=_when("optimizer", *ADAM_FAMILY)),
+            b.number("eps", "eps", shown=lambda v: v.get("optimizer") != "sgd"),
+            b.choice("optimizer_impl", "implementation", ["auto", "fused", "foreach", "for-loop"]),
+        ],
+        "Schedule": [
+            b.choice("scheduler", "schedule", list(SCHEDULERS)),
+            b.integer("warmup_steps", "warmup steps"),
+            b.number("min_lr", "min lr", shown=_when("scheduler", "linear", "cosine", "cyclic")),
+            b.integer("step_size", "step size", shown=_when("scheduler", "step")),
+            b.number("gamma", "gamma", shown=_when("scheduler", "step", "exponential")),
+            b.integer("cycle_steps", "cycle length (steps)", shown=_when("scheduler", "cyclic")),
+            b.number("pct_start", "rising fraction", shown=_when("scheduler", "onecycle")),
+            b.number("div_factor", "start = lr /", shown=_when("scheduler", "onecycle")),
+            b.number("final_div_factor", "end = start /", shown=_when("scheduler", "onecycle")),
+            b.integer("plateau_patience", "patience (epochs)", shown=_when("scheduler", "plateau")),
+            b.number("plateau_factor", "factor", shown=_when("scheduler", "plateau")),
+        ],
+    }
+
+
+def planned_total_steps(config: TrainConfig, train_data) -> Optional[int]:
+    """The steps a run will take, before it starts (for the LR preview); None if unknown.
+
+    Mirrors the engine's count (loop._total_steps), which needs the built batches.
+    """
+    if config.max_steps is not None:
+        return config.max_steps
+    try:
+        from torch.utils.data import DataLoader
+        if isinstance(train_data, DataLoader):
+            batches = len(train_data)
+        else:
+            n = len(train_data[0]) if isinstance(train_data, (tuple, list)) else len(train_data)
+            batches = n // config.batch_size if config.drop_last else math.ceil(n / config.batch_size)
+    except TypeError:   # an IterableDataset: no length until it runs
+        return None
+    return config.epochs * math.ceil(batches / config.grad_accum_steps) or None
+
+
+def _field_named(error: Exception) -> Optional[str]:
+    found = re.search(r"TrainConfig\.(\w+)", str(error))
+    return found.group(1) if found else None
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "-"
+    minutes, s = divmod(int(round(seconds)), 60)
+    h, m = divmod(minutes, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+# -- the panel --------------------------------------------------------------------------------
+class Panel:
+    """Controls for every toggle, Train / Stop / Resume, a status line and live charts.
+
+    >>> panel = nt.Panel(model, (x, y), F.cross_entropy, config=nt.TrainConfig(epochs=3))
+    >>> panel.controls["amp"].widget.value = "bf16"   # what a click in the notebook does
+    >>> panel.train_button.click()                    # trains in a background thread
+    >>> panel.run.wait().summary()["samples_per_s"]
+
+    Each Train starts from the model's initial weights (`reset_weights=True`), so runs
+    with different toggles compare fairly; Resume continues the last stopped run.
+    """
+
+    def __init__(self, model, train_data, loss_fn=None, config: Optional[TrainConfig] = None,
+                 val_data=None, *, reset_weights: bool = True, max_points: int = 400,
+                 interval: float = 0.25, height: int = 760):
+        widgets, _, _ = _require_plotly_widgets()
+        if config is not None and not isinstance(config, TrainConfig):
+            raise TypeError(f"config must be a TrainConfig; got {type(config).__name__}. "
+                            "Use nt.TrainConfig(...) or TrainConfig.from_dict(d).")
+        self.model, self.train_data, self.loss_fn, self.val_data = model, train_data, loss_fn, val_data
+        self.config = config if config is not None else TrainConfig()
+        self.error = ""                  # the ConfigError text while the controls are invalid
+        self._note = ""                  # why a button did nothing (shown until the next edit)
+        self._stopping = None            # the run that Stop was pressed for
+        self.run = None                  # the latest Run (Stop and Resume act on it)
+        self.runs: List[Any] = []        # one per line on the charts (a resume replaces its run)
+        self._initial = _weights_of(model) if reset_weights else None
+        self.groups = build_controls(widgets, self.config)
+        self.controls = {c.field: c for group in self.groups.values() for c in group}
+        self.dashboard = Dashboard(max_points=max_points, interval=interval, height=height,
+                                   show=False)
+        self._build_layout(widgets)
+        for control in self.controls.values():   # after the builder wrote the config's values
+            control.on_edit(self._on_change_of(control.field))
+        self.dashboard.after_draw(self._refresh)
+        self._apply(changed=None)
+
+    # -- buttons ------------------------------------------------------------------------------
+    def train(self, _button=None):
+        """Start a new run with the current settings; returns it (None if it cannot start)."""
+        if self.running or self.error:
+            return None
+        if self.run is not None and hasattr(self.run, "release"):
+            # Its weights are about to be reset, so it can no longer resume: free its
+            # optimizer state and the CUDA cache before the next run allocates its own.
+            self.run.release()
+        if self._initial is not None:
+            self.model.load_state_dict(self._initial)
+        run = self._start(config=self.config)
+        if run is not None:
+            self.runs.append(run)
+            self.dashboard.add(run, label=f"run {len(self.runs)}")
+            self.dashboard.preview(self.config, None)   # the run's own planned line replaces it
+        return run
+
+    def stop(self, _button=None) -> None:
+        """Stop the running run at its next step."""
+        if self.running:
+            self.run.stop()
+            self._stopping = self.run
+            self.dashboard.flush()
+
+    def resume(self, _button=None):
+        """Continue the last stopped run (same line and row); returns the new Run."""
+        old = self.run
+        if self.running or self.error or old is None or old.state not in ("stopped", "interrupted"):
+            return None
+        if self.config.optimizer != old.config.optimizer:
+            self._note = (f"Resume keeps the optimizer of the stopped run ({old.config.optimizer}):"
+                          f" set optimizer back, or press Train for a new run with "
+                          f"{self.config.optimizer}.")
+            self.dashboard.flush()
+            return None
+        run = self._start(config=self.config, resume=old)
+        if run is None:
+            return None
+        if run.schedule is not None and run.schedule.base_lr != self.config.lr:
+            run.set_lr(self.config.lr)   # the checkpoint brought the old run's LR
+        self.runs[self.runs.index(old)] = run
+        self.dashboard.add(run, continues=old)
+        return run
+
+    @property
+    def running(self) -> bool:
+        return self.run is not None and self.run.state in ("created", "running")
+
+    # -- display ------------------------------------------------------------------------------
+    def text(self) -> str:
+        """A stable description (no ids, no timings), used as the text repr for nbval."""
+        what = "ready" if self.run is None else \
+            f"{self.dashboard.slot_of(self.run).label} {self.run.state}"
+        return f"nbtrain.Panel: {what}\n  settings: {_config_text(self.config)}"
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        bundle = self.widget._repr_mimebundle_(include=include, exclude=exclude) or {}
+        bundle["text/plain"] = self.text()
+        return bundle
+
+    # -- inside: layout -----------------------------------------------------------------------
+    def _build_layout(self, widgets) -> None:
+        tabs = widgets.Tab(children=[widgets.VBox([c.row for c in group])
+                                     for group in self.groups.values()])
+        for i, name in enumerate(self.groups):
+            tabs.set_title(i, name)
+        self.train_button = widgets.Button(description="Train", button_style="success", icon="play")
+        self.stop_button = widgets.Button(description="Stop", button_style="danger", icon="stop")
+        self.resume_button = widgets.Button(description="Resume", icon="forward")
+        self.train_button.on_click(self.train)
+        self.stop_button.on_click(self.stop)
+        self.resume_button.on_click(self.resume)
+        self.status = widgets.HTML(value="")     # state, step/total, samples/s, ETA
+        self.message = widgets.HTML(value="")    # why a button did nothing, pending settings
+        self.resolved = widgets.HTML(value="")   # what "auto" became, and why
+        buttons = widgets.HBox([self.train_button, self.stop_button, self.resume_button])
+        side = widgets.VBox([buttons, self.status, self.message, self.resolved],
+                            layout=widgets.Layout(padding="0 0 0 1em", width="50%"))
+        self.widget = widgets.VBox([widgets.HBox([tabs, side]), self.dashboard.widget])
+        self.widget.add_class("nbtrain-panel")
+
+    # -- inside: controls -> config -----------------------------------------------------------
+    def _on_change_of(self, field: str):
+        def on_change(_change):
+            self._apply(changed=field)
+        return on_change
+
+    def _apply(self, changed: Optional[str]) -> None:
+        """Controls -> a new TrainConfig, or the ConfigError beside the control it names."""
+        raw = {}
+        try:
+            for name, control in self.controls.items():
+                raw[name] = control.read()
+            config = self.config.replace(**raw)
+        except ConfigError as exc:
+            self._show_config_error(exc, changed, raw)
+            return
+        self._show_visible(raw)
+        for control in self.controls.values():
+            control.show_error("")
+        previous, self.config, self.error = self.config, config, ""
+        self._config_changed(previous, config)
+
+    def _show_config_error(self, exc: ConfigError, changed: Optional[str], raw: dict) -> None:
+        self.error = str(exc)
+        self._show_visible(raw)
+        named = self.controls.get(_field_named(exc))
+        target = named if named is not None and named.row.layout.display != "none" \
+            else self.controls.get(changed)
+        for control in self.controls.values():
+            control.show_error(self.error if control is target else "")
+        self._note = "" if target is not None else self.error
+        self.dashboard.flush()
+
+    def _show_visible(self, raw: dict) -> None:
+        values = {name: (raw[name] if name in raw else getattr(self.config, name))
+                  for name in self.controls}
+        for control in self.controls.values():
+            control.row.layout.display = "" if control.shown(values) else "none"
+
+    def _config_changed(self, previous: TrainConfig, config: TrainConfig) -> None:
+        if self.running and config.lr != previous.lr:
+            self.run.set_lr(config.lr)            # applies from the next step
+            self.dashboard.replan(self.run)
+        last = self.runs[-1].config if self.runs else None
+        total = planned_total_steps(config, self.train_data)
+        self._note = ""
+        self.dashboard.preview(config, None if _same_but_lr(last, config, self.running) else total)
+
+    def _pending_text(self) -> str:
+        if not self.running:
+            return ""
+        changed = [f for f in self.controls if f not in LIVE_FIELDS
+                   and getattr(self.config, f) != getattr(self.run.config, f)]
+        return f"applies at the next Train: {', '.join(changed)}" if changed else ""
+
+    # -- inside: runs -------------------------------------------------------------------------
+    def _start(self, **kwargs):
+        from .loop import fit
+        try:
+            run = fit(self.model, self.train_data, self.loss_fn, val_data=self.val_data,
+                      background=True, progress=False, **kwargs)
+        except (ConfigError, ValueError, TypeError, RuntimeError) as exc:
+            # Settings only the engine can check (no GPU for cuda, bf16 on an old GPU, ...)
+            named = self.controls.get(_field_named(exc))
+            if named is not None:
+                named.show_error(str(exc))
+            self._note = f"could not start: {exc}"
+            self.dashboard.flush()
+            return None
+        self.run, self._note = run, ""
+        return run
+
+    def _refresh(self) -> None:
+        """After each draw (drawing thread, under the dashboard's lock): every text and button.
+
+        Button handlers change state and call `dashboard.flush()`, so the drawing thread
+        and the kernel's thread never write these widgets at the same time.
+        """
+        self.status.value = f"<span class='nbtrain-status'>{html.escape(self.status_text())}</span>"
+        self.resolved.value = _resolved_html(self.run)
+        self.message.value = self._message_html()
+        self._refresh_buttons()
+
+    def _message_html(self) -> str:
+        if self._note:
+            return f"<span style='{ERROR_STYLE}'>{html.escape(self._note, quote=False)}</span>"
+        stopping = self.running and self._stopping is self.run
+        text = "stopping at the next step..." if stopping else self._pending_text()
+        return f"<span style='color:#555;font-size:12px'>{html.escape(text)}</span>" if text else ""
+
+    def _refresh_buttons(self) -> None:
+        self.train_button.disabled = self.running or bool(self.error)
+        self.stop_button.disabled = not self.running
+        self.resume_button.disabled = self.running or bool(self.error) or self.run is None \
+            or self.run.state not in ("stopped", "interrupted")
+
+    def status_text(self) -> str:
+        """e.g. 'running · step 120/1,000 · 5,321 samples/s · ETA 0:12'."""
+        run = self.run
+        if run is None:
+            return "ready · press Train"
+        total = f"{run.total_steps:,}" if run.total_steps else "?"
+        parts = [run.state, f"step {run.step:,}/{total}"]
+        last = next((r for r in reversed(run.history) if r.get("kind") == "train"), None)
+        if last is not None:
+            parts.append(f"{last['samples_per_s']:,.0f} samples/s")
+            if run.state == "running" and run.total_steps and last.get("steps_per_s"):
+                parts.append(f"ETA {_duration((run.total_steps - run.step) / last['steps_per_s'])}")
+        if run.state == "failed" and run.error is not None:
+            parts.append(str(run.error).splitlines()[0])
+        elif run.message:
+            parts.append(run.message)
+        return " · ".join(parts)
+
+
+# -- helpers ----------------------------------------------------------------------------------
+def _weights_of(model) -> dict:
+    """A CPU copy of the initial weights, so every Train starts from the same point."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
+def _same_but_lr(last: Optional[TrainConfig], config: TrainConfig, running: bool) -> bool:
+    """True when the next Train would repeat the last run, whose own planned line is shown."""
+    if last is None:
+        return False
+    mine = config.to_dict()
+    if running:   # a live LR change is not a new run
+        mine["lr"] = last.lr
+    return mine == last.to_dict()
+
+
+def _config_text(config: TrainConfig) -> str:
+    return (f"amp={config.amp} pin_memory={config.pin_memory} num_workers={config.num_workers} "
+            f"data_on_device={config.data_on_device} batch_size={config.batch_size} "
+            f"epochs={config.epochs} max_steps={config.max_steps} optimizer={config.optimizer} "
+            f"lr={config.lr:g} scheduler={config.scheduler}")
+
+
+def _resolved_html(run) -> str:
+    if run is None or not run.resolved:
+        return ""
+    rows = "".join(f"<tr><td style='padding:0 6px 0 0'><b>{html.escape(name)}</b></td>"
+                   f"<td style='padding:0 6px 0 0'>{html.escape(str(value))}</td>"
+                   f"<td style='color:#666'>{html.escape(why)}</td></tr>"
+                   for name, (value, why) in run.resolved.items())
+    return (f"<div style='font-size:11px;line-height:1.35'>settings of the {html.escape(run.state)}"
+            f" run, with why \"auto\" chose them:<table style='border-collapse:collapse'>{rows}"
+            f"</table></div>")
+
+
+__all__ = ["Panel", "Dashboard", "build_controls", "planned_total_steps"]
