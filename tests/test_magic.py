@@ -505,3 +505,34 @@ def test_background_run_finishes(ip):
     ip.run_cell(f"%%fasttrain --background --max-steps 3 --device cpu\n{CELL}")
     run = ip.user_ns["run"].wait(timeout=60)
     assert run.state == "finished" and run.step == 3
+
+
+def test_compare_trains_one_run_per_value(ip, capsys):
+    result = ip.run_cell("%%fasttrain --max-steps 6 --device cpu --amp off --log-every 2 "
+                         "--out cmp --compare optimizer=sgd,adamw\n" + CELL)
+    assert result.success
+    cmp = ip.user_ns["cmp"]
+    assert [row["name"] for row in cmp.rows] == ["optimizer=sgd", "optimizer=adamw"]
+    runs = [rs[0] for rs in cmp.runs.values()]
+    assert [r.config.optimizer for r in runs] == ["sgd", "adamw"]
+    assert all(r.config.max_steps == 6 and r.state == "finished" for r in runs)
+    assert "optimizer=sgd" in capsys.readouterr().out
+
+
+def test_compare_parses_values_like_the_options(ip):
+    ip.run_cell("%%fasttrain --max-steps 2 --device cpu --amp off --out c "
+                "--compare batch-size=8,16\n" + CELL)
+    assert [rs[0].config.batch_size for rs in ip.user_ns["c"].runs.values()] == [8, 16]
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("optimizer", "expected OPTION=V1,V2"),
+    ("optimizer=sgd", "two or more values"),
+    ("colour=red,blue", "'colour' is not a training option"),
+    ("lr=fast,slow", "'fast'"),
+    ("amp=fp8,bf16", "TrainConfig.amp='fp8'"),
+])
+def test_compare_spec_errors(ip, capsys, spec, expected):
+    result = ip.run_cell(f"%%fasttrain --max-steps 2 --device cpu --compare {spec}\n" + CELL)
+    assert not result.success
+    assert expected in str(result.error_in_exec)

@@ -93,6 +93,10 @@ class FastTrainMagics(Magics):
           help="train in a background thread and return at once (default: off)")
     @_arg("--panel", action="store_true",
           help="show the live dashboard instead of the progress bar (default: off)")
+    @_arg("--compare", metavar="OPTION=V1,V2,...",
+          help="train once per value of one option, from the same initial weights and "
+               "data order, and show the runs side by side; the Comparison goes to --out "
+               "(e.g. --compare optimizer=sgd,adam,adamw)")
     @_group("Length")
     @_arg("--epochs", type=int, metavar="N", help=f"passes over the data {_default('epochs')}")
     @_arg("--max-steps", dest="max_steps", type=int, metavar="N",
@@ -177,8 +181,31 @@ class FastTrainMagics(Magics):
         resume = _resume_target(ns, args.resume)
         args.out = args.out or (args.resume if _is_run(resume) else "run")
         config = _apply_options(_base_config(ns, args.config, resume), args)
-        run = _train(ns, args, config, resume, _training_inputs(ns, args, defined))
+        inputs = _training_inputs(ns, args, defined)
+        if args.compare:
+            self._compare(ns, args, config, inputs)
+            return
+        run = _train(ns, args, config, resume, inputs)
         _report(run, args)
+
+    def _compare(self, ns: dict, args, config: TrainConfig, inputs: dict) -> None:
+        """--compare: one run per value, shown with nt.compare's charts and table."""
+        from IPython.display import display
+        from .compare import compare
+        from .run import TrainingError
+        if args.resume or args.background or args.panel:
+            raise UsageError("--compare trains fresh runs in the foreground: drop --resume, "
+                             "--background and --panel.")
+        configs = _compare_configs(self.fasttrain.parser, args.compare, config)
+        try:
+            result = compare(inputs["model"], inputs["train_data"], inputs["loss_fn"],
+                             configs=configs, val_data=inputs["val_data"], progress="auto")
+        except TrainingError as err:
+            raise UsageError(f"Training failed: {err}") from err
+        except ConfigError as err:
+            raise UsageError(str(err)) from None
+        ns[args.out] = result
+        display(result)
 
     def _run_body(self, cell) -> list:
         """Run the cell body in the user namespace; return the names it bound."""
@@ -232,6 +259,53 @@ def _checkpoint_config(path) -> TrainConfig:
         return TrainConfig.from_dict(load(path)["config"])
     except (OSError, ValueError) as err:   # missing or unreadable file
         raise UsageError(f"--resume {path}: {err}") from None
+
+
+def _compare_configs(parser, spec: str, base: TrainConfig) -> dict:
+    """--compare OPTION=V1,V2: one config per value, named "option=value".
+
+    OPTION is a TrainConfig field or this magic's option (lr, wd, batch-size, amp, ...);
+    each value is parsed as that option parses it on the command line.
+    """
+    option, sep, text = spec.partition("=")
+    values = [v for v in text.split(",") if v] if sep else []
+    if not option or len(values) < 2:
+        raise UsageError(f"--compare {spec!r}: expected OPTION=V1,V2,... with two or more "
+                         "values, such as optimizer=sgd,adam,adamw or lr=0.1,0.01.")
+    action = _option_action(parser, option)
+    if action is None:
+        raise UsageError(f"--compare {spec!r}: {option!r} is not a training option; use a "
+                         "TrainConfig field such as optimizer, lr, amp or batch_size.")
+    configs = {}
+    for text_value in values:
+        value = _parse_value(action, option, text_value)
+        try:
+            configs[f"{option}={text_value}"] = base.replace(**{action.dest: value})
+        except ConfigError as err:
+            raise UsageError(str(err)) from None
+    return configs
+
+
+def _option_action(parser, option: str):
+    wanted = option.replace("_", "-").lstrip("-")
+    for action in parser._actions:
+        names = {s.lstrip("-") for s in action.option_strings} | {action.dest.replace("_", "-")}
+        if action.dest in FIELD_NAMES and wanted in names:
+            return action
+    return None
+
+
+def _parse_value(action, option: str, text: str):
+    if isinstance(action, argparse.BooleanOptionalAction):
+        if text.lower() not in ("true", "false", "on", "off", "yes", "no", "1", "0"):
+            raise UsageError(f"--compare {option}: {text!r} is not true or false.")
+        return text.lower() in ("true", "on", "yes", "1")
+    if action.type is None:
+        return text
+    try:
+        return action.type(text)
+    except (ValueError, argparse.ArgumentTypeError) as err:
+        raise UsageError(f"--compare {option}: {text!r}: {err}") from None
 
 
 # -- names in the namespace -------------------------------------------------------------------
