@@ -9,14 +9,24 @@
   page), presses Stop, and checks that the status reads "stopped" and the charts stop
   growing. Screenshots go to tests/browser/screenshots/; with NBTRAIN_README_SHOT=1 the
   last one also replaces docs/panel.png (the README's picture).
+- tests/browser/fasttrain_panel.ipynb runs `%%fasttrain --panel` in the same way: the
+  dashboard's throughput, memory and LR charts must fill while the blocking cell still
+  runs, and the cell's output must end with the summary table of a finished run.
+- notebooks/00_quickstart.ipynb (outputs stripped) is run with "Run All Cells": every code
+  cell must get an execution count, in order, and no output may be an error, a traceback
+  on stderr or a widget that failed to display.
 
-The browser test needs /usr/bin/chromium (`.ci/install-browser`), playwright, jupyterlab
-and anywidget, and is skipped with the reason where one is missing.
+One JupyterLab server and one Chromium serve all browser tests of this module; each test
+gets its own page and workspace, and its kernels are shut down when it ends.
+
+The browser tests need /usr/bin/chromium (`.ci/install-browser`), playwright, jupyterlab
+and anywidget, and are skipped with the reason where one is missing.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -26,12 +36,15 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 HERE = Path(__file__).parent
 HEADLESS_NOTEBOOK = HERE / "browser" / "panel_headless.ipynb"
 NOTEBOOK = HERE / "browser" / "panel_digits.ipynb"
+FASTTRAIN_NOTEBOOK = HERE / "browser" / "fasttrain_panel.ipynb"
+QUICKSTART = HERE.parent / "notebooks" / "00_quickstart.ipynb"
 SHOTS = HERE / "browser" / "screenshots"
 README_SHOT = HERE.parent / "docs" / "panel.png"
 CHROMIUM = "/usr/bin/chromium"
@@ -104,12 +117,36 @@ def _shut_down(server: subprocess.Popen, base: str, token: str) -> None:
             server.wait(timeout=10)
 
 
-@pytest.fixture
-def lab(tmp_path):
-    """JupyterLab serving a copy of the notebook, on 127.0.0.1 with a token; always shut down."""
+class Lab(NamedTuple):
+    base: str    # http://127.0.0.1:PORT
+    token: str
+    root: Path   # the server's root_dir: notebooks copied here can be opened
+
+
+def _api(lab: Lab, path: str, method: str = "GET"):
+    request = urllib.request.Request(f"{lab.base}{path}", method=method,
+                                     headers={"Authorization": f"token {lab.token}"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        body = answer.read()
+    return json.loads(body) if body else None
+
+
+def _shut_down_kernels(lab: Lab) -> None:
+    """End every session and kernel, so the next test has the CPUs to itself."""
+    for session in _api(lab, "/api/sessions"):
+        _api(lab, f"/api/sessions/{session['id']}", "DELETE")
+    for kernel in _api(lab, "/api/kernels"):
+        _api(lab, f"/api/kernels/{kernel['id']}", "DELETE")
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """JupyterLab on 127.0.0.1 with a token, once for the module; always shut down."""
+    tmp_path = tmp_path_factory.mktemp("lab")
     root = tmp_path / "root"
     root.mkdir()
-    shutil.copy(NOTEBOOK, root / NOTEBOOK.name)
+    for notebook in (NOTEBOOK, FASTTRAIN_NOTEBOOK):
+        shutil.copy(notebook, root / notebook.name)
     port, token = _free_port(), secrets.token_hex(16)
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
                JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
@@ -133,22 +170,73 @@ def lab(tmp_path):
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_for_server(f"{base}/api/status?token={token}", server, tmp_path / "lab.log", 60)
-        yield base, token
+        yield Lab(base, token, root)
     finally:
         _shut_down(server, base, token)
         log.close()
 
 
-# How many points each trace of a run holds, read from plotly's gd.data in the page.
-COUNT_POINTS = """(label) => {
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's Chromium, headless, once for the module."""
+    from playwright.sync_api import sync_playwright
+    playwright = sync_playwright().start()
+    try:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                              args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+    finally:
+        playwright.stop()
+
+
+@pytest.fixture
+def page(lab, browser):
+    """A fresh page (own browser context); afterwards it is closed and every kernel ended."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    context = browser.new_context(viewport={"width": 1300, "height": 1500})
+    try:
+        page = context.new_page()
+        page.set_default_timeout(60_000)
+        yield page
+    finally:
+        context.close()
+        _shut_down_kernels(lab)
+
+
+def _open(page, lab: Lab, path: str) -> None:
+    """Open `path` (relative to the server root) in a workspace of its own, file browser closed.
+
+    A fresh workspace per test: JupyterLab would otherwise restore the tabs of the last
+    test's workspace and start their kernels too.
+    """
+    workspace = "t-" + "".join(c if c.isalnum() else "-" for c in path)
+    page.goto(f"{lab.base}/lab/workspaces/{workspace}/tree/{path}?token={lab.token}")
+    page.wait_for_function("(path) => { const w = window.jupyterapp && window.jupyterapp.shell"
+                           ".currentWidget; return !!(w && w.context && w.context.path === path"
+                           " && w.context.isReady); }",
+                           arg=path, timeout=90_000)
+    page.evaluate("() => window.jupyterapp.commands.execute('application:toggle-left-area')")
+
+
+# How many points each trace of a run holds, read from plotly's gd.data in the page: the
+# charts under `root` (a CSS selector), by record field (trace meta). The planned-LR line
+# (meta "lr" too, full length before the first step) is left out: only measured series.
+COUNT_POINTS = """({root, label}) => {
   const out = {};
-  for (const gd of document.querySelectorAll('.nbtrain-panel .js-plotly-plot')) {
+  for (const gd of document.querySelectorAll(root + ' .js-plotly-plot')) {
     for (const t of gd.data || []) {
-      if (t.legendgroup === label && t.x) out[t.meta] = t.x.length;
+      if (t.legendgroup === label && t.x && !String(t.hovertemplate).startsWith('planned'))
+        out[t.meta] = t.x.length;
     }
   }
   return out;
 }"""
+
+# The last step (x) each of those traces reaches.
+LAST_STEPS = COUNT_POINTS.replace("t.x.length", "t.x[t.x.length - 1]")
 
 # Runs every cell once the kernel is up; gives up after 90 s (page.evaluate has no timeout).
 RUN_ALL = """async () => {
@@ -163,13 +251,65 @@ RUN_ALL = """async () => {
   return Promise.race([run, late]);
 }"""
 
+# Starts "Run All Cells" once the kernel is up and returns at once (window.__runAll says
+# how it went), so the test can watch the cells while they run.
+START_RUN_ALL = """async () => {
+  const app = window.jupyterapp;
+  const panel = app.shell.currentWidget;
+  const ready = panel.context.sessionContext.ready.then(() => 'ok');
+  const late = new Promise((resolve) => setTimeout(() => resolve('timed out'), 90000));
+  if (await Promise.race([ready, late]) !== 'ok') return 'the kernel did not start within 90 s';
+  window.__runAll = 'running';
+  app.commands.execute('notebook:run-all-cells').then(
+    () => { window.__runAll = 'done'; }, (err) => { window.__runAll = 'failed: ' + err; });
+  return 'started';
+}"""
+
+# The notebook as its model holds it: kernel status, and per code cell its execution
+# count and outputs (type; stream name and start of text; error name and value).
+NOTEBOOK_STATE = """() => {
+  const panel = window.jupyterapp.shell.currentWidget;
+  const session = panel.sessionContext.session;
+  const cells = [];
+  const list = panel.content.model.cells;
+  for (let i = 0; i < list.length; i++) {
+    const cell = list.get(i);
+    if (cell.type !== 'code') continue;
+    const outputs = [];
+    for (let j = 0; j < cell.outputs.length; j++) {
+      const o = cell.outputs.get(j).toJSON();
+      outputs.push({type: o.output_type, name: o.name || '',
+                    text: [].concat(o.text || []).join('').slice(0, 4000),
+                    error: o.output_type === 'error' ? `${o.ename}: ${o.evalue}` : ''});
+    }
+    cells.push({index: i, count: cell.executionCount, outputs});
+  }
+  return {runAll: window.__runAll || '', kernel: session && session.kernel
+          ? session.kernel.status : 'none', cells};
+}"""
+
+# Errors as the page shows them, over the whole notebook.
+PAGE_ERRORS = """() => {
+  const found = [];
+  for (const el of document.querySelectorAll(
+      '.jp-Notebook [data-mime-type="application/vnd.jupyter.error"]'))
+    found.push('error output: ' + el.innerText.slice(0, 1500));
+  for (const el of document.querySelectorAll(
+      '.jp-Notebook .jp-RenderedText[data-mime-type="application/vnd.jupyter.stderr"]'))
+    if (el.innerText.includes('Traceback')) found.push('stderr: ' + el.innerText.slice(0, 1500));
+  for (const el of document.querySelectorAll('.jp-Notebook .jp-OutputArea-output'))
+    if (el.innerText.includes('Error displaying widget'))
+      found.push('widget: ' + el.innerText.slice(0, 500));
+  return found;
+}"""
+
 
 def _enough(counts: dict) -> bool:
     return all(counts.get(name, 0) >= 5 for name in CHARTS)
 
 
-def _points(page, label: str = "run 1") -> dict:
-    return page.evaluate(COUNT_POINTS, label)
+def _points(page, label: str = "run 1", root: str = ".nbtrain-panel") -> dict:
+    return page.evaluate(COUNT_POINTS, {"root": root, "label": label})
 
 
 def _status_starts(page, word: str) -> None:
@@ -189,67 +329,160 @@ def _poll(page, predicate, timeout: float, what: str, label: str = "run 1"):
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last: {value}")
 
 
+def _finished(state: dict) -> bool:
+    return state["runAll"] != "running" and state["kernel"] == "idle"
+
+
+def _wait_run_all(page, timeout: float, each=None) -> dict:
+    """Poll the notebook (calling `each(state)` every time) until Run All ended, kernel idle."""
+    deadline = time.monotonic() + timeout
+    state = None
+    while time.monotonic() < deadline:
+        state = page.evaluate(NOTEBOOK_STATE)
+        if each is not None:
+            each(state)
+        if _finished(state):
+            return state
+        page.wait_for_timeout(250)
+    raise AssertionError(f"Run All did not end within {timeout:.0f} s; last state: "
+                         f"{json.dumps(state)[:3000]}")
+
+
+def _check_ran_cleanly(page, state: dict) -> None:
+    """Run All succeeded: every code cell has a count, in cell order, and nothing errs."""
+    assert state["runAll"] == "done", state["runAll"]
+    counts = [cell["count"] for cell in state["cells"]]
+    assert all(isinstance(c, int) for c in counts), f"cells left unrun: {counts}"
+    assert counts == sorted(set(counts)), f"cells did not run once each, in order: {counts}"
+    errors = [f"cell {cell['index']}: {o['error'] or o['text'][-1500:]}"
+              for cell in state["cells"] for o in cell["outputs"]
+              if o["type"] == "error" or (o["name"] == "stderr" and "Traceback" in o["text"])]
+    assert not errors, "\n".join(errors)
+    shown = page.evaluate(PAGE_ERRORS)
+    assert not shown, "\n".join(shown)
+
+
 @needs_browser
-def test_panel_trains_and_stops_in_jupyterlab(lab):
-    from playwright.sync_api import sync_playwright
-    base, token = lab
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1300, "height": 1500})
-            page.set_default_timeout(60_000)
-            page.goto(f"{base}/lab/tree/{NOTEBOOK.name}?token={token}")
-            page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
-                                   " && window.jupyterapp.shell.currentWidget.context", timeout=90_000)
-            page.evaluate("() => window.jupyterapp.commands.execute('application:toggle-left-area')")
-            assert page.evaluate(RUN_ALL) == "ok", "the kernel did not start within 90 s"
+def test_panel_trains_and_stops_in_jupyterlab(lab, page):
+    _open(page, lab, NOTEBOOK.name)
+    assert page.evaluate(RUN_ALL) == "ok", "the kernel did not start within 90 s"
 
-            # The panel rendered: its Train button and the (empty) plotly charts.
-            train = page.locator(".nbtrain-panel button", has_text="Train")
-            train.wait_for(state="visible", timeout=90_000)
-            page.locator(".nbtrain-panel .js-plotly-plot").first.wait_for(state="visible")
-            page.wait_for_function("() => !document.querySelector('.nbtrain-panel button')"
-                                   ".disabled")
-            panel = page.locator(".nbtrain-panel")
-            panel.screenshot(path=str(SHOTS / "panel_ready.png"))
+    # The panel rendered: its Train button and the (empty) plotly charts.
+    train = page.locator(".nbtrain-panel button", has_text="Train")
+    train.wait_for(state="visible", timeout=90_000)
+    page.locator(".nbtrain-panel .js-plotly-plot").first.wait_for(state="visible")
+    page.wait_for_function("() => !document.querySelector('.nbtrain-panel button')"
+                           ".disabled")
+    panel = page.locator(".nbtrain-panel")
+    panel.screenshot(path=str(SHOTS / "panel_ready.png"))
 
-            train.click()
-            counts = _poll(page, _enough, 90, "5 points on the throughput, memory and LR charts")
-            status = page.locator(".nbtrain-panel .nbtrain-status")
-            assert "running" in status.inner_text(), status.inner_text()
-            panel.screenshot(path=str(SHOTS / "panel_running.png"))
+    train.click()
+    counts = _poll(page, _enough, 90, "5 points on the throughput, memory and LR charts")
+    status = page.locator(".nbtrain-panel .nbtrain-status")
+    assert "running" in status.inner_text(), status.inner_text()
+    panel.screenshot(path=str(SHOTS / "panel_running.png"))
 
-            stop = page.locator(".nbtrain-panel button", has_text="Stop")
-            stop.click()
-            _status_starts(page, "stopped")
-            page.wait_for_timeout(600)   # the end flush has been drawn
-            stopped = _points(page)
-            page.wait_for_timeout(2000)
-            later = _points(page)
-            assert later == stopped, f"charts still grew after Stop: {stopped} -> {later}"
-            assert _enough(stopped) and stopped["samples_per_s"] >= counts["samples_per_s"]
+    stop = page.locator(".nbtrain-panel button", has_text="Stop")
+    stop.click()
+    _status_starts(page, "stopped")
+    page.wait_for_timeout(600)   # the end flush has been drawn
+    stopped = _points(page)
+    page.wait_for_timeout(2000)
+    later = _points(page)
+    assert later == stopped, f"charts still grew after Stop: {stopped} -> {later}"
+    assert _enough(stopped) and stopped["samples_per_s"] >= counts["samples_per_s"]
 
-            # One toggle changed, Train again: a second run beside the first.
-            batch = page.locator(".nbtrain-panel .widget-inline-hbox", has_text="batch size")
-            batch.locator("input").fill("256")
-            batch.locator("input").press("Enter")
-            page.wait_for_timeout(300)
-            train.click()
-            _poll(page, _enough, 90, "points of run 2", label="run 2")
-            page.wait_for_timeout(1500)
-            stop.click()
-            _status_starts(page, "stopped")
-            page.wait_for_timeout(600)
-            rows = page.locator(".nbtrain-panel table.nbtrain-runs tbody tr")
-            assert rows.count() == 2 and "batch=256" in rows.nth(1).inner_text()
-            assert _points(page) == stopped   # run 1 untouched by run 2
-            panel.screenshot(path=str(SHOTS / "panel_stopped.png"))
-            page.screenshot(path=str(SHOTS / "lab_stopped.png"))
-            errors = page.locator("[data-mime-type='application/vnd.jupyter.error']")
-            assert errors.count() == 0, errors.first.inner_text()
-        finally:
-            browser.close()
+    # One toggle changed, Train again: a second run beside the first.
+    batch = page.locator(".nbtrain-panel .widget-inline-hbox", has_text="batch size")
+    batch.locator("input").fill("256")
+    batch.locator("input").press("Enter")
+    page.wait_for_timeout(300)
+    train.click()
+    _poll(page, _enough, 90, "points of run 2", label="run 2")
+    page.wait_for_timeout(1500)
+    stop.click()
+    _status_starts(page, "stopped")
+    page.wait_for_timeout(600)
+    rows = page.locator(".nbtrain-panel table.nbtrain-runs tbody tr")
+    assert rows.count() == 2 and "batch=256" in rows.nth(1).inner_text()
+    assert _points(page) == stopped   # run 1 untouched by run 2
+    panel.screenshot(path=str(SHOTS / "panel_stopped.png"))
+    page.screenshot(path=str(SHOTS / "lab_stopped.png"))
+    errors = page.locator("[data-mime-type='application/vnd.jupyter.error']")
+    assert errors.count() == 0, errors.first.inner_text()
     if os.environ.get("NBTRAIN_README_SHOT"):   # refresh docs/panel.png only when asked
         README_SHOT.parent.mkdir(exist_ok=True)
         shutil.copy(SHOTS / "panel_stopped.png", README_SHOT)
+
+
+@needs_browser
+def test_fasttrain_panel_magic_draws_live_then_prints_the_summary(lab, page):
+    _open(page, lab, FASTTRAIN_NOTEBOOK.name)
+    # Mark the %%fasttrain cell, so its charts and output can be found in the page.
+    page.wait_for_function("""() => {
+      const cells = window.jupyterapp.shell.currentWidget.content.widgets;
+      const i = cells.findIndex((c) => c.model.sharedModel.getSource().startsWith('%%fasttrain'));
+      if (i >= 0) cells[i].node.setAttribute('data-nbtrain-test', String(i));
+      return i >= 0;
+    }""", timeout=30_000)
+    magic_cell = int(page.get_attribute("[data-nbtrain-test]", "data-nbtrain-test"))
+    root = "[data-nbtrain-test] .jp-OutputArea"
+    assert page.evaluate(START_RUN_ALL) == "started", "the kernel did not start within 90 s"
+
+    live = {}   # the most points seen on the charts while the cell was still running
+
+    def watch(state: dict) -> None:
+        cell = next(c for c in state["cells"] if c["index"] == magic_cell)
+        if state["runAll"] == "running" and cell["count"] is None:
+            counts = _points(page, root=root)
+            for name in CHARTS:
+                live[name] = max(live.get(name, 0), counts.get(name, 0))
+
+    state = _wait_run_all(page, 90, watch)
+    _check_ran_cleanly(page, state)
+    assert _enough(live), ("the dashboard did not draw 5 points on the throughput, memory and "
+                           f"LR charts while the fit ran: {live}")
+
+    # After the fit: the summary table ends the output, and the charts end at its last step.
+    cell = next(c for c in state["cells"] if c["index"] == magic_cell)
+    kinds = [o["type"] for o in cell["outputs"]]
+    assert "display_data" in kinds, f"the dashboard was not displayed: {kinds}"
+    last = cell["outputs"][-1]
+    assert last["type"] == "stream" and last["name"] == "stdout", cell["outputs"]
+    assert re.match(r"state\s+finished\n", last["text"]), last["text"]
+    steps = re.search(r"^steps\s+(\d+)/\1$", last["text"], re.M)
+    assert steps, last["text"]
+    final = _points(page, root=root)
+    assert _enough(final), final
+    ends = page.evaluate(LAST_STEPS, {"root": root, "label": "run 1"})
+    assert all(ends.get(name) == int(steps[1]) for name in CHARTS), (ends, steps[0])
+    shown = page.locator(root + " .jp-OutputArea-child").last
+    assert re.match(r"state\s+finished", shown.inner_text()), shown.inner_text()
+    page.locator(root + " .js-plotly-plot").first.scroll_into_view_if_needed()
+    page.locator("[data-nbtrain-test]").screenshot(
+        path=str(SHOTS / "fasttrain_panel.png"))
+
+
+@needs_browser
+def test_quickstart_runs_all_cells_in_jupyterlab(lab, page):
+    # The quickstart as a reader gets it, without its stored outputs, beside the picture it
+    # shows (../docs/panel.png).
+    notebook = json.loads(QUICKSTART.read_text())
+    for cell in notebook["cells"]:
+        if cell["cell_type"] == "code":
+            cell["outputs"], cell["execution_count"] = [], None
+    (lab.root / "notebooks").mkdir(exist_ok=True)
+    (lab.root / "notebooks" / QUICKSTART.name).write_text(json.dumps(notebook))
+    if README_SHOT.exists():
+        (lab.root / "docs").mkdir(exist_ok=True)
+        shutil.copy(README_SHOT, lab.root / "docs" / README_SHOT.name)
+    code_cells = sum(cell["cell_type"] == "code" for cell in notebook["cells"])
+
+    _open(page, lab, f"notebooks/{QUICKSTART.name}")
+    try:
+        assert page.evaluate(START_RUN_ALL) == "started", "the kernel did not start within 90 s"
+        state = _wait_run_all(page, 100)
+        assert len(state["cells"]) == code_cells, (len(state["cells"]), code_cells)
+        _check_ran_cleanly(page, state)
+    finally:   # the end of the notebook as it was left, also when a cell failed
+        page.screenshot(path=str(SHOTS / "quickstart.png"))

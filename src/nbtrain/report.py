@@ -60,8 +60,9 @@ def summary_table(run) -> str:
         rows.append(("diagnosis", s["diagnosis"]))
     if s["message"]:
         rows.append(("note", s["message"]))
-    lines = [f"{k:<16}{v}" for k, v in rows]
+    width = max(len(name) for name in [k for k, _ in rows] + list(s["settings"])) + 2
+    lines = [f"{k:<{width}}{v}" for k, v in rows]
     lines.append("")
-    lines += [f"{name:<16}{_fmt(value):<10}{s['reasons'][name]}"
+    lines += [f"{name:<{width}}{_fmt(value):<10}{s['reasons'][name]}"
               for name, value in s["settings"].items()]
     return "\n".join(lines)
