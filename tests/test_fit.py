@@ -37,13 +37,32 @@ def test_autocast_really_runs_matmuls_in_the_asked_precision(blobs, amp, dtype):
     assert model[0].weight.dtype == torch.float32   # master weights stay fp32
 
 
-def test_amp_auto_says_why():
-    run = nt.fit(mlp(), (torch.randn(64, 8), torch.randint(0, 3, (64,))), F.cross_entropy,
-                 config=quick(amp="auto", max_steps=1), progress=False)
+def test_amp_auto_measures_bf16_on_a_cpu_that_has_it():
+    from nbtrain.devices import cpu_bf16_feature
+    model = nn.Sequential(nn.Dropout(0.5), nn.BatchNorm1d(8), nn.Linear(8, 3))
+    run = nt.fit(model, (torch.randn(64, 8), torch.randint(0, 3, (64,))), F.cross_entropy,
+                 config=quick(amp="auto", max_steps=1, seed=7), progress=False)
     value, why = run.resolved["amp"]
-    assert value in ("bf16", "off") and why
-    if value == "bf16":
-        assert "avx512_bf16" in why or "amx" in why
+    if not cpu_bf16_feature():
+        assert value == "off" and "no bf16" in why
+        return
+    assert value in ("bf16", "off") and f"CPU has {cpu_bf16_feature()}" in why
+    assert "measured" in why, why   # a real measurement, not "could not measure"
+
+
+def test_the_bf16_measurement_leaves_no_trace():
+    from nbtrain.loop import _probe_step, Parts
+    from nbtrain.data.batches import TensorBatches
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Dropout(0.5), nn.BatchNorm1d(8), nn.Linear(8, 3))
+    x, y = torch.randn(64, 8) + 3, torch.randint(0, 3, (64,))
+    parts = Parts(torch.device("cpu"), "off", TensorBatches((x, y), 32, True, False, 0), None,
+                  lambda b: b, model, F.cross_entropy, list(model.parameters()))
+    rng, stats = torch.get_rng_state(), model[1].running_mean.clone()
+    _probe_step(model, parts, "bf16")
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert torch.equal(model[1].running_mean, stats)
+    assert all(p.grad is None for p in model.parameters())
 
 
 def test_fp16_uses_a_grad_scaler(blobs):

@@ -134,7 +134,7 @@ def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Parts:
     parts = Parts(device, run.resolved["amp"][0], batches, val_batches, move, forward,
                   loss_fn, params)
     if cfg.amp == "auto" and parts.amp == "bf16" and device.type == "cpu":
-        run.resolved["amp"] = cpu_bf16_choice(lambda amp: _probe_step(run, parts, amp),
+        run.resolved["amp"] = cpu_bf16_choice(lambda amp: _probe_step(model, parts, amp),
                                               key=_architecture(model, batches))
         parts.amp = run.resolved["amp"][0]
     run.model = model
@@ -165,8 +165,8 @@ def _architecture(model, batches) -> tuple:
     return (repr(model), shapes, inputs)
 
 
-def _probe_step(run: Run, parts: Parts, amp: str) -> None:
-    with leaves_no_trace(run.model):
+def _probe_step(model, parts: Parts, amp: str) -> None:
+    with leaves_no_trace(model):
         batch = parts.move(first_batch(parts.batches))
         with autocast_context(amp, parts.device):
             loss = _loss_of(parts, batch)
