@@ -214,7 +214,7 @@ def _train_safely(run: Run, parts: Parts) -> None:
 def _train(run: Run, parts: Parts) -> None:
     cfg, model, opt = run.config, run.model, run.optimizer
     model.train()
-    meter = Interval(parts.device, cfg.log_every, run.step, cfg.grad_accum_steps, cfg.telemetry)
+    meter = Interval(parts.device, run.step, cfg.telemetry)
     if parts.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(parts.device)   # peak of this run, not the kernel's
     run._stage = "load"

@@ -50,18 +50,16 @@ def _noop() -> None:
 class Interval:
     """Loss, samples and time split of the steps since the last record.
 
-    Losses stay on the device in a preallocated buffer; `close` reads them with one
-    `.tolist()` per interval (the only host sync of a normal interval), which also gives
-    the exact step of a first non-finite loss. Each step's time is split into copy
+    Losses stay on the device (detached, so no graph is kept); `close` reads them with
+    one `.tolist()` per interval (the only host sync of a normal interval), which also
+    gives the exact step of a first non-finite loss. Each step's time is split into copy
     (host-to-device) and compute (forward, backward, update); data wait is measured by
     the loop around its `next()`.
     """
 
-    def __init__(self, device: torch.device, log_every: int, start_step: int,
-                 micro_per_step: int = 1, timed: bool = True):
+    def __init__(self, device: torch.device, start_step: int, timed: bool = True):
         self.device = device
         self.timed = timed
-        self.losses = torch.zeros(log_every * micro_per_step, device=device)
         self.clock = CudaClock() if device.type == "cuda" else HostClock()
         if not timed:   # telemetry off: the markers cost nothing
             self.copy_started = self.copy_done = _noop
@@ -71,6 +69,8 @@ class Interval:
     def reset(self, start_step: int) -> None:
         self.start_step = start_step
         self.steps = self.micro = self.samples = self.skipped = 0
+        self.losses = []              # 0-dim device tensors: a list append costs less than
+                                      # writing into a buffer (an indexing op per step)
         self.micro_ends = []          # micro-batch count after each step of the interval
         self.spans = []               # per step: ([(copy start, copy end), ...], step end)
         self._copies = []
@@ -84,7 +84,7 @@ class Interval:
         self._copies.append((self._c0, self.clock.mark()))
 
     def add(self, loss: torch.Tensor, samples: int) -> None:
-        self.losses[self.micro].copy_(loss)
+        self.losses.append(loss)
         self.micro += 1
         self.samples += samples
 
@@ -109,7 +109,7 @@ class Interval:
         return copy, compute
 
     def close(self, step: int, epoch: int, lr: float) -> dict:
-        values = self.losses[:self.micro].tolist()   # host sync: once per interval
+        values = torch.stack(self.losses).float().tolist() if self.losses else []   # host sync
         copy_s, compute_s = self._split()
         now = time.perf_counter()
         elapsed = max(now - self.t0, 1e-9)
