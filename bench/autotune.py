@@ -15,6 +15,7 @@ batched fetch is faster; batched fetch's and the best worker setting's speeds ar
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -24,8 +25,8 @@ from torch.nn import functional as F
 from torch.utils.data import Dataset
 
 import nbtrain as nt
-from nbtrain.autotune import (Trials, autotune, candidate_settings, data_kind, search_space,
-                              successive_halving)
+from nbtrain.autotune import (Trials, autotune, candidate_settings, data_kind, search_space)
+from nbtrain.data import available_cores
 from nbtrain.devices import resolve_device
 
 
@@ -72,6 +73,10 @@ def remeasure(data, base, settings_by_name: dict, trial_s: float, repeats: int) 
     return {name: statistics.median(v) for name, v in seen.items()}
 
 
+def load() -> str:
+    return f"[load {os.getloadavg()[0]:.1f}]"
+
+
 def short(settings: dict) -> str:
     keys = ("num_workers", "prefetch_factor", "persistent_workers", "batched_fetch", "amp",
             "batch_size")
@@ -86,10 +91,14 @@ def busy_case(args) -> None:
     results, grid_s = grid(data, base, args.grid_trial)
     best_settings, best_sps = max(results, key=lambda r: r[1])
     print(f"grid: {len(results)} configs x {args.grid_trial:g} s timed: {grid_s:.1f} s; "
-          f"best {best_sps:,.0f} samples/s ({short(best_settings)})")
+          f"best {best_sps:,.0f} samples/s ({short(best_settings)}) {load()}")
     tuning = autotune(mlp, data, F.cross_entropy, config=base, budget_s=args.budget, cache=False)
-    print(f"autotune: {len(tuning.trials)} trials in {tuning.cost_s:.1f} s (budget "
-          f"{args.budget:g} s); picked {short(tuning.settings)}")
+    stages = [sum(t["stage"] == s for t in tuning.trials) for s in (1, 2)]
+    print(f"autotune: {len(tuning.trials)} trials ({stages[0]} + {stages[1]} by stage) in "
+          f"{tuning.cost_s:.1f} s (budget {args.budget:g} s); picked {short(tuning.settings)} "
+          f"{load()}")
+    for note in tuning.notes:
+        print(f"  note: {note}")
     again = remeasure(data, base, {"grid best": best_settings, "autotune": tuning.settings},
                       args.grid_trial, args.repeats)
     ratio = again["autotune"] / again["grid best"]
@@ -132,9 +141,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{available_cores()} cores, load average {os.getloadavg()[0]:.1f} "
+          "(other processes' load makes every figure noisy)")
     busy_case(args)
     tensor_case(args)
+    print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ def summarize(run) -> dict:
         "compute_frac": computed / busy if busy else math.nan,
         "wall_s": run.wall_s,
         "final_loss": train[-1]["loss"] if train else math.nan,
-        "peak_rss_mb": max((r["peak_rss_mb"] for r in train), default=math.nan),
+        # the highest RSS sampled during this run (ru_maxrss is the whole process's peak)
+        "peak_rss_mb": max((r["rss_mb"] for r in train if "rss_mb" in r), default=math.nan),
         "settings": {name: value for name, (value, _) in run.resolved.items()},
         "reasons": {name: why for name, (_, why) in run.resolved.items()},
     }

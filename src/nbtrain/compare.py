@@ -1,0 +1,335 @@
+"""compare(): several configs trained from the same weights on the same data order.
+
+A comparison is only fair when the configs differ in nothing but their settings: each
+seed builds the model once and every config starts from a copy of those weights, and
+every config's run uses that seed, so all see the same permutation of the data (the
+order is a function of TrainConfig.seed, see data/batches.py) and the same dropout.
+
+The table and display helpers at the bottom are shared by lr_find and autotune.
+"""
+from __future__ import annotations
+
+import copy
+import html
+import math
+import statistics
+import warnings
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
+
+import torch
+
+from .config import ConfigError, TrainConfig
+from .loop import fit
+from .run import Run, TrainingError
+
+# (column title, row key): the text table always has these columns, in this order.
+COLUMNS = (("config", "name"), ("samples/s", "samples_per_s"), ("wall s", "wall_s"),
+           ("to target s", "time_to_target_s"), ("final loss", "final_loss"),
+           ("val loss", "val_loss"), ("val acc", "val_acc"), ("peak MB", "peak_mb"))
+
+
+def compare(make_model, train_data, loss_fn: Optional[Callable] = None, configs=None, *,
+            seeds: Sequence[int] = (0,), val_data=None,
+            base: Union[TrainConfig, dict, None] = None, target_loss: Optional[float] = None,
+            progress="auto") -> "Comparison":
+    """Train one model per config (and seed) and put the runs side by side.
+
+    >>> cmp = nt.compare(make_mlp, (x, y), F.cross_entropy,
+    ...                  configs={"sgd": {"optimizer": "sgd", "lr": 0.1}, "adamw": {}},
+    ...                  base=nt.TrainConfig(epochs=3), val_data=(xv, yv))
+    >>> cmp.rows[0]["samples_per_s"]; cmp.figure()
+
+    `make_model`: a function returning a fresh model, or a model (it is copied, never
+    trained). `configs`: name -> TrainConfig, or a dict of overrides of `base`.
+    `seeds`: one run per config and seed; the rows show the mean over seeds.
+    `target_loss`: the train loss whose first time is "to target s"; by default the
+    highest of the configs' best losses, the lowest loss every config reached.
+    `progress`: as in `fit`, for each run.
+    """
+    resolved = _resolve_configs(configs, base)
+    if not seeds:
+        raise ValueError("seeds must name at least one seed, e.g. seeds=(0,).")
+    runs: Dict[str, List[Run]] = {name: [] for name in resolved}
+    _warm_up(make_model, train_data, loss_fn, *next(iter(resolved.items())))
+    for seed in seeds:
+        weights = initial_weights(make_model, seed)
+        for name, cfg in resolved.items():
+            run = _train_one(name, make_model, weights, train_data, loss_fn,
+                             cfg.replace(seed=seed), val_data, progress)
+            runs[name].append(run)
+            if run.state == "interrupted":   # Ctrl-C ends the comparison, keeping what ran
+                return Comparison(_drop_empty(runs), target_loss)
+    return Comparison(runs, target_loss)
+
+
+def _resolve_configs(configs, base) -> Dict[str, TrainConfig]:
+    if not configs or not isinstance(configs, Mapping):
+        raise TypeError("configs must be a non-empty dict of name -> TrainConfig or dict of "
+                        "overrides, e.g. configs={'sgd': {'optimizer': 'sgd'}, 'adamw': {}}.")
+    base_cfg = as_config(base)
+    out = {}
+    for name, cfg in configs.items():
+        if isinstance(cfg, dict):
+            if "seed" in cfg:
+                raise ConfigError(f"configs[{name!r}] sets seed={cfg['seed']!r}: compare() "
+                                  "gives every config the same seed so all see the same "
+                                  "weights and data. Remove it and pass seeds=(...) instead.")
+            try:
+                out[str(name)] = base_cfg.replace(**cfg)
+            except ConfigError as exc:   # say which config: the others may be fine
+                raise ConfigError(f"configs[{name!r}]: {exc}") from None
+        elif isinstance(cfg, TrainConfig):
+            out[str(name)] = cfg
+        else:
+            raise TypeError(f"configs[{name!r}] must be a TrainConfig or a dict of overrides; "
+                            f"got {type(cfg).__name__}.")
+    return out
+
+
+def as_config(config) -> TrainConfig:
+    """A TrainConfig from None (the defaults), a TrainConfig or a dict of its fields."""
+    if config is None:
+        return TrainConfig()
+    if isinstance(config, dict):
+        return TrainConfig.from_dict(config)
+    if isinstance(config, TrainConfig):
+        return config
+    raise TypeError(f"config must be a TrainConfig or a dict of its fields; "
+                    f"got {type(config).__name__}.")
+
+
+def fresh_model(make_model) -> torch.nn.Module:
+    """A new model from a factory, or a deep copy of a given model (left untouched)."""
+    if isinstance(make_model, torch.nn.Module):
+        return copy.deepcopy(make_model)
+    if not callable(make_model):
+        raise TypeError(f"make_model must be a function returning a torch.nn.Module (or a "
+                        f"model to copy); got {type(make_model).__name__}.")
+    model = make_model()
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"make_model() must return a torch.nn.Module; got "
+                        f"{type(model).__name__}. Pass the function, e.g. make_model=make_mlp.")
+    return model
+
+
+def initial_weights(make_model, seed: int) -> dict:
+    """The weights every config of `seed` starts from: built once, deep-copied."""
+    torch.manual_seed(seed)
+    return copy.deepcopy(fresh_model(make_model).state_dict())
+
+
+def _warm_up(make_model, train_data, loss_fn, name: str, cfg: TrainConfig) -> None:
+    """Two untimed steps first: the process's one-time costs (thread pools, kernel and
+    allocator set-up: ~1 s on a busy 2-core machine) would otherwise all land in the
+    first config's time and make it look slow."""
+    short = cfg.replace(max_steps=2, log_every=1, checkpoint_dir=None, checkpoint_every=None)
+    _fit_named(name, fresh_model(make_model), train_data, loss_fn, short, None, False)
+
+
+def _train_one(name, make_model, weights, train_data, loss_fn, cfg, val_data, progress) -> Run:
+    model = fresh_model(make_model)
+    model.load_state_dict(weights)
+    if torch.cuda.is_available():   # each run starts with the cache empty: fair peak memory
+        torch.cuda.empty_cache()
+    return _fit_named(name, model, train_data, loss_fn, cfg, val_data, progress)
+
+
+def _fit_named(name, model, train_data, loss_fn, cfg, val_data, progress) -> Run:
+    try:
+        return fit(model, train_data, loss_fn, config=cfg, val_data=val_data, progress=progress)
+    except TrainingError as exc:
+        raise TrainingError(f"compare: config {name!r} (seed {cfg.seed}) failed: {exc}",
+                            exc.run) from exc
+    except ConfigError as exc:   # settings that only fail with this data or device
+        raise ConfigError(f"configs[{name!r}]: {exc}") from None
+
+
+def _drop_empty(runs: Dict[str, List[Run]]) -> Dict[str, List[Run]]:
+    return {name: rs for name, rs in runs.items() if rs}
+
+
+class Comparison:
+    """The runs of `compare()` and one row of results per config.
+
+    `.rows`: dicts with the COLUMNS keys (means over seeds); `.runs`: name -> [Run per
+    seed]; `.figure()`: overlaid loss and LR curves (Plotly). Shown as charts and a
+    table in a notebook; `print(cmp)` gives the table as text.
+    """
+
+    def __init__(self, runs: Dict[str, List[Run]], target_loss: Optional[float] = None):
+        self.runs = runs
+        self.target_loss = target_loss if target_loss is not None else default_target(runs)
+        self.rows = [row_of(name, rs, self.target_loss) for name, rs in runs.items()]
+
+    def figure(self):
+        """Loss against step and against wall time, and the LR, one colour per config."""
+        return comparison_figure(self.runs)
+
+    def __repr__(self) -> str:
+        target = f"target loss {_fmt(self.target_loss)}"
+        return text_table(COLUMNS, self.rows) + f"\n({target}; means over seeds)"
+
+    def _repr_html_(self) -> str:
+        return html_table(COLUMNS, self.rows) + \
+            f"<p>target loss {_fmt(self.target_loss)}; means over seeds</p>"
+
+    def _ipython_display_(self) -> None:
+        display_with_figure(self, self.figure)
+
+
+# -- rows ---------------------------------------------------------------------------------
+def default_target(runs: Dict[str, List[Run]]) -> float:
+    """The lowest train loss every (non-diverged) run reached: each gets a time to it."""
+    bests = []
+    for rs in runs.values():
+        for run in rs:
+            losses = [r["loss"] for r in run.records("train")]
+            if losses and math.isfinite(losses[-1]):   # a diverged run sets no target
+                bests.append(min(v for v in losses if math.isfinite(v)))
+    return max(bests) if bests else math.nan
+
+
+def time_to(run: Run, target: float) -> float:
+    """Seconds from the start of training to the first record with loss <= target."""
+    for r in run.records("train"):
+        if r["loss"] <= target:
+            return r["time_s"]
+    return math.nan
+
+
+def peak_mb(run: Run) -> float:
+    """GPU: the allocator's peak; CPU: the highest RSS seen during this run.
+
+    Not the summary's peak_rss_mb: ru_maxrss is the process's lifetime peak, so every
+    run after the biggest one would report the same number.
+    """
+    train = run.records("train")
+    cuda = [r["cuda_peak_allocated_mb"] for r in train if "cuda_peak_allocated_mb" in r]
+    rss = [r["rss_mb"] for r in train if "rss_mb" in r]
+    return max(cuda or rss or [math.nan])
+
+
+def row_of(name: str, runs: List[Run], target: float) -> dict:
+    summaries = [run.summary() for run in runs]
+    per_seed = {
+        "samples_per_s": [s["samples_per_s"] for s in summaries],
+        "wall_s": [s["wall_s"] for s in summaries],
+        "time_to_target_s": [time_to(run, target) for run in runs],
+        "final_loss": [s["final_loss"] for s in summaries],
+        "val_loss": [s.get("val_loss", math.nan) for s in summaries],
+        "val_acc": [s.get("val_acc", math.nan) for s in summaries],
+        "peak_mb": [peak_mb(run) for run in runs],
+    }
+    row = {"name": name, "seeds": len(runs), "state": runs[-1].state}
+    for key, values in per_seed.items():
+        row[key] = _mean(values)
+        if len(values) > 1:
+            row[key + "_std"] = _std(values)
+    return row
+
+
+def _mean(values) -> float:
+    # A NaN (never reached the target, no validation) makes the mean NaN: shown as "-".
+    return statistics.fmean(values) if values else math.nan
+
+
+def _std(values) -> float:
+    return statistics.stdev(values) if all(math.isfinite(v) for v in values) else math.nan
+
+
+# -- the figure -----------------------------------------------------------------------------
+def comparison_figure(runs: Dict[str, List[Run]]):
+    from plotly.colors import qualitative
+    from plotly.subplots import make_subplots
+    import plotly.graph_objects as go
+
+    fig = make_subplots(rows=1, cols=3, subplot_titles=(
+        "loss vs step", "loss vs wall time", "learning rate"))
+    for i, (name, rs) in enumerate(runs.items()):
+        color = qualitative.Plotly[i % len(qualitative.Plotly)]
+        for j, run in enumerate(rs):
+            train = run.records("train")
+            steps = [r["step"] for r in train]
+            losses = [r["loss"] for r in train]
+            style = dict(line=dict(color=color), legendgroup=name, name=name,
+                         mode="lines", showlegend=False)
+            fig.add_trace(go.Scatter(x=steps, y=losses, **{**style, "showlegend": j == 0}),
+                          row=1, col=1)
+            fig.add_trace(go.Scatter(x=[r["time_s"] for r in train], y=losses, **style),
+                          row=1, col=2)
+            fig.add_trace(go.Scatter(x=steps, y=[r["lr"] for r in train], **style),
+                          row=1, col=3)
+            val = run.records("val")
+            if val:
+                fig.add_trace(go.Scatter(
+                    x=[r["step"] for r in val], y=[r["val_loss"] for r in val],
+                    **{**style, "mode": "markers", "name": f"{name} (val)"}), row=1, col=1)
+    fig.update_xaxes(title_text="step", row=1, col=1)
+    fig.update_xaxes(title_text="seconds", row=1, col=2)
+    fig.update_xaxes(title_text="step", row=1, col=3)
+    fig.update_yaxes(type="log", row=1, col=3)   # optimizers' LRs differ by decades
+    positive = all(not r["loss"] <= 0 for rs in runs.values() for run in rs
+                   for r in run.records("train"))
+    scale = "log" if positive else "linear"   # a log axis would hide losses <= 0
+    fig.update_yaxes(title_text="loss", type=scale, row=1, col=1)
+    fig.update_yaxes(type=scale, row=1, col=2)
+    fig.update_layout(height=360, margin=dict(t=40, b=40, l=50, r=20))
+    return fig
+
+
+# -- tables and notebook display (shared with lr_find and autotune) --------------------------
+def _fmt(value) -> str:
+    if isinstance(value, bool) or value is None:
+        return "-" if value is None else str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return "-"
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    return str(value)
+
+
+def text_table(columns, rows: List[dict]) -> str:
+    """Fixed columns, one line per row; missing or NaN values print as '-'."""
+    cells = [[title for title, _ in columns]]
+    cells += [[_fmt(row.get(key)) for _, key in columns] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                       for i, (c, w) in enumerate(zip(line, widths))) for line in cells]
+    return "\n".join(lines)
+
+
+def html_table(columns, rows: List[dict]) -> str:
+    head = "".join(f"<th>{html.escape(title)}</th>" for title, _ in columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(row.get(key)))}</td>"
+                                    for _, key in columns) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+_warned_plotly = False
+
+
+def display_with_figure(obj, make_figure: Optional[Callable] = None) -> None:
+    """In a notebook: the Plotly figure (if any), then `obj`'s table (text and HTML)."""
+    from IPython.display import display
+    fig = _figure_to_show(make_figure)
+    if fig is not None:
+        display(fig)
+    display({"text/plain": repr(obj), "text/html": obj._repr_html_()}, raw=True)
+
+
+def _figure_to_show(make_figure: Optional[Callable]):
+    """The figure, or None: no chart asked for, no plotly (a one-time warning says how
+    to get it), or no renderer (a terminal IPython, where plotly would print the
+    figure's whole JSON)."""
+    global _warned_plotly
+    if make_figure is None:
+        return None
+    try:
+        import plotly.io as pio
+    except ImportError:
+        if not _warned_plotly:
+            _warned_plotly = True
+            warnings.warn("nbtrain: charts need plotly: pip install 'nbtrain[notebook]' "
+                          "(or pip install plotly). Showing the table only.")
+        return None
+    return make_figure() if pio.renderers.default else None
