@@ -21,7 +21,7 @@ from .memory import checkpointed_forward, leaves_no_trace, release
 from .optim import build_optimizer, resolve_impl
 from .run import Run, TrainingError
 from .schedule import Schedule
-from .telemetry import Interval, diagnose, memory_fields, nvml_fields
+from .telemetry import Interval, MemorySampler, diagnose
 
 
 @dataclass
@@ -215,6 +215,7 @@ def _train(run: Run, parts: Parts) -> None:
     cfg, model, opt = run.config, run.model, run.optimizer
     model.train()
     meter = Interval(parts.device, run.step, cfg.telemetry)
+    meter.memory = MemorySampler(parts.device)
     if parts.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(parts.device)   # peak of this run, not the kernel's
     run._stage = "load"
@@ -328,8 +329,7 @@ def _batch_len(batch) -> int:
 def _log(run: Run, meter: Interval, lr: float) -> None:
     record = meter.close(run.step, run.epoch, lr)
     if meter.timed:
-        record.update(memory_fields(meter.device))
-        record.update(nvml_fields(meter.device))
+        record.update(meter.memory.read())
         record["diagnosis"] = diagnose(record, run.resolved)
     run._emit(record)
     if record.get("first_nonfinite_step") is not None and run.config.on_nan == "stop":

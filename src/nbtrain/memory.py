@@ -25,11 +25,11 @@ def release(run) -> dict:
 
     The model and history stay; resuming afterwards restarts the optimizer's moments.
     """
-    from .telemetry import _process
+    from .telemetry import rss_bytes
     if run.running:
         raise RuntimeError("the run is still training: call run.stop() and run.wait() first.")
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-    rss_before = _process().memory_info().rss
+    rss_before = rss_bytes()
     reserved_before = torch.cuda.memory_reserved() if cuda else 0
     state_bytes = optimizer_state_bytes(run.optimizer) if run.optimizer is not None else 0
     if run.optimizer is not None:
@@ -42,7 +42,7 @@ def release(run) -> dict:
     if cuda:
         torch.cuda.empty_cache()   # give cached blocks back so other processes/runs see them
     return {"optimizer_state_mb": _mb(state_bytes),
-            "rss_freed_mb": _mb(max(rss_before - _process().memory_info().rss, 0)),
+            "rss_freed_mb": _mb(max(rss_before - rss_bytes(), 0)),
             "cuda_reserved_freed_mb": _mb(reserved_before - (torch.cuda.memory_reserved()
                                                              if cuda else 0))}
 

@@ -4,47 +4,88 @@ from __future__ import annotations
 import bisect
 import functools
 import math
+import os
 import sys
 import time
 
 import torch
 
 
-class HostClock:
-    """CPU: an op has finished when its call returns, so host time is the work's time."""
+class HostTimer:
+    """CPU: an op has finished when its call returns, so host time is the work's time.
+    Sums floats as it goes: nothing is allocated per step."""
 
-    mark = staticmethod(time.perf_counter)
+    def __init__(self):
+        self.copy = self.busy = 0.0
+        self._step_start = None
 
-    @staticmethod
-    def seconds(a: float, b: float) -> float:
-        return b - a
+    def copy_started(self) -> None:
+        self._c0 = time.perf_counter()
+        if self._step_start is None:
+            self._step_start = self._c0
 
-    def settle(self, last) -> None:
-        pass
+    def copy_done(self) -> None:
+        self.copy += time.perf_counter() - self._c0
+
+    def step_done(self) -> None:
+        if self._step_start is not None:
+            self.busy += time.perf_counter() - self._step_start
+            self._step_start = None
+
+    def totals(self):
+        """(copy seconds, compute seconds) of the interval."""
+        return self.copy, self.busy - self.copy
 
 
-class CudaClock:
-    """CUDA: events recorded in stream order; read once, when the interval closes.
+class CudaTimer:
+    """CUDA: events recorded in stream order, read once when the interval closes.
 
-    Reading an event needs it to have happened: `settle` waits for the interval's last
+    Reading an event needs it to have happened: `totals` waits for the interval's last
     one (the interval's single sync, shared with the loss read), never one per step.
     """
 
-    def mark(self):
+    def __init__(self):
+        self.spans = []       # per step: ([(copy start, copy end), ...], step end)
+        self._copies = []
+
+    @staticmethod
+    def _mark():
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         return event
 
-    @staticmethod
-    def seconds(a, b) -> float:
-        return a.elapsed_time(b) / 1000.0
+    def copy_started(self) -> None:
+        self._c0 = self._mark()
 
-    def settle(self, last) -> None:
-        last.synchronize()
+    def copy_done(self) -> None:
+        self._copies.append((self._c0, self._mark()))
+
+    def step_done(self) -> None:
+        if self._copies:
+            self.spans.append((self._copies, self._mark()))
+            self._copies = []
+
+    def totals(self):
+        if not self.spans:
+            return 0.0, 0.0
+        self.spans[-1][1].synchronize()
+        copy = busy = 0.0
+        for copies, end in self.spans:
+            copy += sum(a.elapsed_time(b) for a, b in copies) / 1000.0
+            busy += copies[0][0].elapsed_time(end) / 1000.0
+        return copy, busy - copy
 
 
-def _noop() -> None:
-    pass
+class NoTimer:
+    """telemetry=False: the markers cost a call and nothing else."""
+
+    def copy_started(self) -> None:
+        pass
+
+    copy_done = step_done = copy_started
+
+    def totals(self):
+        return 0.0, 0.0
 
 
 class Interval:
@@ -60,9 +101,8 @@ class Interval:
     def __init__(self, device: torch.device, start_step: int, timed: bool = True):
         self.device = device
         self.timed = timed
-        self.clock = CudaClock() if device.type == "cuda" else HostClock()
-        if not timed:   # telemetry off: the markers cost nothing
-            self.copy_started = self.copy_done = _noop
+        self._timer_class = NoTimer if not timed else (
+            CudaTimer if device.type == "cuda" else HostTimer)
         self.t_start = time.perf_counter()
         self.reset(start_step)
 
@@ -72,16 +112,10 @@ class Interval:
         self.losses = []              # 0-dim device tensors: a list append costs less than
                                       # writing into a buffer (an indexing op per step)
         self.micro_ends = []          # micro-batch count after each step of the interval
-        self.spans = []               # per step: ([(copy start, copy end), ...], step end)
-        self._copies = []
+        self.timer = self._timer_class()
+        self.copy_started, self.copy_done = self.timer.copy_started, self.timer.copy_done
         self.data_wait_s = 0.0
         self.t0 = time.perf_counter()
-
-    def copy_started(self) -> None:
-        self._c0 = self.clock.mark()
-
-    def copy_done(self) -> None:
-        self._copies.append((self._c0, self.clock.mark()))
 
     def add(self, loss: torch.Tensor, samples: int) -> None:
         self.losses.append(loss)
@@ -89,28 +123,13 @@ class Interval:
         self.samples += samples
 
     def end_step(self) -> None:
+        self.timer.step_done()
         self.steps += 1
         self.micro_ends.append(self.micro)
-        if self.timed and self._copies:
-            self.spans.append((self._copies, self.clock.mark()))
-            self._copies = []
-
-    def _split(self):
-        """(copy seconds, compute seconds) summed over the interval's steps."""
-        if not self.spans:
-            return 0.0, 0.0
-        self.clock.settle(self.spans[-1][1])
-        sec = self.clock.seconds
-        copy = compute = 0.0
-        for copies, end in self.spans:
-            step_copy = sum(sec(a, b) for a, b in copies)
-            copy += step_copy
-            compute += sec(copies[0][0], end) - step_copy
-        return copy, compute
 
     def close(self, step: int, epoch: int, lr: float) -> dict:
         values = torch.stack(self.losses).float().tolist() if self.losses else []   # host sync
-        copy_s, compute_s = self._split()
+        copy_s, compute_s = self.timer.totals()
         now = time.perf_counter()
         elapsed = max(now - self.t0, 1e-9)
         finite = [v for v in values if math.isfinite(v)]
@@ -153,15 +172,51 @@ def peak_rss_mb() -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10   # bytes vs KiB
 
 
+_statm = {"pid": None, "fd": None}
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def rss_bytes() -> int:
+    """Resident memory of this process. On Linux one pread of a kept-open /proc/self/statm
+    (about 2 us); psutil opens and parses the file each call (70 us under a busy loop)."""
+    try:
+        if _statm["pid"] != os.getpid():   # first call, or a forked child: its own file
+            _statm["fd"] = os.open("/proc/self/statm", os.O_RDONLY)
+            _statm["pid"] = os.getpid()
+        return int(os.pread(_statm["fd"], 128, 0).split()[1]) * _PAGE
+    except OSError:   # no /proc (macOS, Windows)
+        return _process().memory_info().rss
+
+
 def memory_fields(device: torch.device) -> dict:
     """Process memory everywhere; allocator figures on CUDA. Cheap: once per interval."""
-    rss = _process().memory_info().rss / 2**20
+    rss = rss_bytes() / 2**20
     fields = {"rss_mb": rss, "peak_rss_mb": max(rss, peak_rss_mb())}   # ru_maxrss lags
     if device.type == "cuda":
         fields["cuda_allocated_mb"] = torch.cuda.memory_allocated(device) / 2**20
         fields["cuda_reserved_mb"] = torch.cuda.memory_reserved(device) / 2**20
         fields["cuda_peak_allocated_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
     return fields
+
+
+class MemorySampler:
+    """Memory readings, refreshed at most every `every_s` seconds and reused between.
+
+    Memory moves slowly next to a step, and each reading costs a syscall (NVML: a driver
+    call), measured at ~20 us inside a busy loop: a record every few steps would pay it
+    every few steps.
+    """
+
+    def __init__(self, device: torch.device, every_s: float = 0.25):
+        self.device, self.every_s = device, every_s
+        self.last, self.fields = -math.inf, {}
+
+    def read(self) -> dict:
+        now = time.perf_counter()
+        if now - self.last >= self.every_s:
+            self.fields = {**memory_fields(self.device), **nvml_fields(self.device)}
+            self.last = now
+        return self.fields
 
 
 # -- NVML (nvidia-ml-py): device-wide memory, utilisation and power ----------------------------
