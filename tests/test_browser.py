@@ -73,6 +73,7 @@ def test_panel_trains_headless_and_nbval_compares_its_outputs(tmp_path):
     pytest.importorskip("anywidget")
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "--nbval", str(HEADLESS_NOTEBOOK), "-q",
+         "-o", "addopts=-ra",   # strict: the project's --nbval-lax would check nothing here
          "-p", "no:cacheprovider", "--rootdir", str(tmp_path)],
         capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]

@@ -586,11 +586,12 @@ def _data_signature(data, kind: str) -> dict:
         sig.update(batch_size=data.batch_size, workers=data.num_workers)
         data = data.dataset
         sig["dataset"] = type(data).__name__
-    try:
-        sig["len"] = len(data)
+    tensors = as_tensors(data)
+    try:   # samples, not the 2 of an (inputs, targets) pair
+        sig["len"] = len(tensors[0]) if tensors is not None else len(data)
     except TypeError:
         pass
-    x, batched = _first_input(data, "tensors" if as_tensors(data) is not None else "dataset")
+    x, batched = _first_input(data, "tensors" if tensors is not None else "dataset")
     if x is not None:
         sig["input"] = [list(x.shape[1:] if batched else x.shape), str(x.dtype)]
     return sig

@@ -10,8 +10,8 @@ def digits(split: str = "train", val_fraction: float = 0.2, seed: int = 0,
            images: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
     """scikit-learn's 1,797 handwritten 8x8 digits as (inputs, targets) tensors.
 
-    >>> x, y = digits("train")        # x: (1437, 1, 8, 8) float32 in [0, 1], y: int64
-    >>> xv, yv = digits("val")        # the other 360, never seen in training
+    >>> x, y = digits("train")        # x: (1438, 1, 8, 8) float32 in [0, 1], y: int64
+    >>> xv, yv = digits("val")        # the other 359, never seen in training
 
     `images=False` gives flat (N, 64) rows instead of (N, 1, 8, 8) images.
     """

@@ -1,0 +1,152 @@
+"""Re-run the tutorial notebooks and store them with their outputs, ready to commit.
+
+    .venv/bin/python notebooks/refresh.py                 # every notebook
+    .venv/bin/python notebooks/refresh.py 03_mixed_precision.ipynb
+
+For each notebook: execute it top to bottom in a fresh kernel (cwd = notebooks/), then
+- strip widget state (`metadata.widgets` and the widget-view part of each output; the
+  text/plain fallback stays), so files stay small and GitHub shows text, not errors;
+- add a PNG beside each Plotly chart when kaleido can render one (pip install kaleido;
+  it needs Chrome or Chromium), so the charts also show on GitHub. JupyterLab still
+  draws the interactive chart; nbval ignores images;
+- print the wall time and the file size (the tests want < 60 s on 2 cores and < 1 MB).
+
+Outputs that nbval checks (`# NBVAL_CHECK_OUTPUT` cells) must stay the same from run to
+run: `pytest --nbval-lax notebooks/` after a refresh shows whether they do.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+HERE = Path(__file__).resolve().parent
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+PLOTLY = "application/vnd.plotly.v1+json"
+MAX_BYTES = 1_000_000
+
+
+def strip_widgets(nb) -> int:
+    """Drop widget state and widget views; returns the number of outputs changed.
+
+    A progress bar's text fallback was taken when it was displayed, at 0%; it is rewritten
+    from the bar's final state first, so the stored notebook shows where it ended.
+    """
+    state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    nb.metadata.pop("widgets", None)
+    changed = 0
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        kept = []
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if WIDGET_VIEW in data:
+                final = progress_text(state, data[WIDGET_VIEW].get("model_id"))
+                if final:
+                    data["text/plain"] = final
+                del data[WIDGET_VIEW]
+                changed += 1
+                if not data:   # a view with no fallback: nothing readable is left
+                    continue
+            kept.append(out)
+        cell.outputs = kept
+    return changed
+
+
+def progress_text(state: dict, model_id) -> str:
+    """'desc: 100%|##########| 230/230 [...]' for a tqdm bar's HBox(HTML, FloatProgress, HTML)."""
+    import html
+    box = state.get(model_id, {})
+    if box.get("model_name") != "HBoxModel":
+        return ""
+    parts = [state.get(ref.replace("IPY_MODEL_", ""), {}) for ref in box["state"].get("children", [])]
+    if [p.get("model_name") for p in parts] != ["HTMLModel", "FloatProgressModel", "HTMLModel"]:
+        return ""
+    left, bar, right = (p.get("state", {}) for p in parts)
+    filled = int(10 * bar.get("value", 0) / (bar.get("max") or 1))
+    return (f"{html.unescape(left.get('value', ''))}|{'█' * filled}{' ' * (10 - filled)}| "
+            f"{html.unescape(right.get('value', ''))}").replace("\xa0", " ")
+
+
+def png_renderer():
+    """A function chart-json -> PNG bytes, or None where kaleido cannot render."""
+    try:
+        import plotly.io as pio
+        import kaleido  # noqa: F401
+    except ImportError:
+        return None
+
+    def render(figure: dict) -> bytes:
+        fig = pio.from_json(json.dumps(figure))
+        height = fig.layout.height or 450
+        return smaller_png(fig.to_image(format="png", width=900, height=height, scale=1))
+    return render
+
+
+def smaller_png(data: bytes) -> bytes:
+    """The same chart in a 256-colour palette: about a third of the bytes, looks the same."""
+    try:
+        import io
+        from PIL import Image
+    except ImportError:
+        return data
+    image = Image.open(io.BytesIO(data)).convert("RGB").quantize(colors=256)
+    out = io.BytesIO()
+    image.save(out, format="PNG", optimize=True)
+    return out.getvalue() if out.tell() < len(data) else data
+
+
+def add_pngs(nb, render) -> int:
+    import base64
+    added = 0
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if PLOTLY in data and "image/png" not in data:
+                data["image/png"] = base64.b64encode(render(data[PLOTLY])).decode()
+                added += 1
+    return added
+
+
+def refresh(path: Path, timeout: int, render) -> tuple:
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
+                            resources={"metadata": {"path": str(path.parent)}})
+    start = time.perf_counter()
+    client.execute()
+    seconds = time.perf_counter() - start
+    strip_widgets(nb)
+    pngs = add_pngs(nb, render) if render else 0
+    nbformat.write(nb, path)
+    return seconds, path.stat().st_size, pngs
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("notebooks", nargs="*", help="file names in notebooks/ (default: all)")
+    parser.add_argument("--timeout", type=int, default=300, help="seconds per cell")
+    parser.add_argument("--no-png", action="store_true", help="do not add chart images")
+    args = parser.parse_args(argv)
+    paths = [HERE / n for n in args.notebooks] or sorted(HERE.glob("[0-9][0-9]_*.ipynb"))
+    render = None if args.no_png else png_renderer()
+    if render is None and not args.no_png:
+        print("kaleido is not installed: charts get no PNG (pip install kaleido)")
+    failed = False
+    for path in paths:
+        seconds, size, pngs = refresh(path, args.timeout, render)
+        flag = "" if seconds < 60 and size < MAX_BYTES else "   <-- over 60 s or 1 MB"
+        failed |= bool(flag)
+        print(f"{path.name:<34}{seconds:6.1f} s {size / 1024:7.0f} KiB  {pngs} chart image(s){flag}",
+              flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
