@@ -114,7 +114,7 @@ def busy_case(args) -> None:
 def tensor_case(args) -> None:
     x, y = nt.datasets.digits("train", images=False)
     base = nt.TrainConfig(device="cpu", batch_size=64)
-    print("\n== case 2: in-memory tensors (digits 1437x64)")
+    print("\n== case 2: in-memory tensors (digits 1438x64)")
     results, grid_s = grid((x, y), base, args.grid_trial / 2)
     batched = max(s for c, s in results if c.get("batched_fetch"))
     workers = max(s for c, s in results if not c.get("batched_fetch"))

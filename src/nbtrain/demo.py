@@ -48,5 +48,6 @@ def comparison_table(runs: dict) -> str:
                      f"{s['samples_per_s'] / plain['samples_per_s']:>9.2f}x")
     auto = list(runs.values())[-1]
     lines += ["", "what 'auto' chose, and why:"]
-    lines += [f"  {k:<15}{str(v):<9}{why}" for k, (v, why) in auto.resolved.items()]
+    width = max(len(k) for k in auto.resolved) + 2
+    lines += [f"  {k:<{width}}{str(v):<7}{why}" for k, (v, why) in auto.resolved.items()]
     return "\n".join(lines)
