@@ -29,8 +29,8 @@ from typing import Callable, Dict, List, Optional
 import torch
 from torch.utils.data import DataLoader
 
-from .compare import as_config, display_with_figure, fresh_model, html_table, text_table
-from .config import TrainConfig
+from .compare import display_with_figure, fresh_model, html_table, text_table
+from .config import TrainConfig, as_config
 from .data import available_cores
 from .data.batches import as_tensors
 from .devices import cpu_bf16_feature, resolve_device

@@ -18,7 +18,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 import torch
 
-from .config import ConfigError, TrainConfig
+from .config import ConfigError, TrainConfig, as_config
 from .loop import fit
 from .run import Run, TrainingError
 
@@ -84,18 +84,6 @@ def _resolve_configs(configs, base) -> Dict[str, TrainConfig]:
             raise TypeError(f"configs[{name!r}] must be a TrainConfig or a dict of overrides; "
                             f"got {type(cfg).__name__}.")
     return out
-
-
-def as_config(config) -> TrainConfig:
-    """A TrainConfig from None (the defaults), a TrainConfig or a dict of its fields."""
-    if config is None:
-        return TrainConfig()
-    if isinstance(config, dict):
-        return TrainConfig.from_dict(config)
-    if isinstance(config, TrainConfig):
-        return config
-    raise TypeError(f"config must be a TrainConfig or a dict of its fields; "
-                    f"got {type(config).__name__}.")
 
 
 def fresh_model(make_model) -> torch.nn.Module:

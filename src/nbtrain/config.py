@@ -109,6 +109,18 @@ class TrainConfig:
         return cls(**values)
 
 
+def as_config(config) -> TrainConfig:
+    """A TrainConfig from None (the defaults), a TrainConfig or a dict of its fields."""
+    if config is None:
+        return TrainConfig()
+    if isinstance(config, dict):
+        return TrainConfig.from_dict(config)
+    if isinstance(config, TrainConfig):
+        return config
+    raise TypeError(f"config must be a TrainConfig or a dict of its fields; "
+                    f"got {type(config).__name__}.")
+
+
 FIELD_NAMES = tuple(f.name for f in dataclasses.fields(TrainConfig))
 
 

@@ -13,7 +13,7 @@ from typing import Callable, Optional
 import torch
 
 from . import checkpoint as ckpt
-from .config import ConfigError, TrainConfig
+from .config import ConfigError, TrainConfig, as_config
 from .data import (describe_bad_sample, first_batch, make_batches, make_mover,
                    prefetch_to_device, resolve_prefetch)
 from .devices import autocast_context, cpu_bf16_choice, resolve_amp, resolve_device
@@ -96,14 +96,10 @@ def release_previous_run() -> Optional[dict]:
 
 
 def _config_from(config, state) -> TrainConfig:
-    if config is None:
-        return TrainConfig.from_dict(state["config"]) if state else TrainConfig()
-    if isinstance(config, dict):
-        return TrainConfig.from_dict(config)
-    if not isinstance(config, TrainConfig):
-        raise TypeError(f"config must be a TrainConfig or a dict of its fields; "
-                        f"got {type(config).__name__}.")
-    return config
+    """The given config; without one, a resumed run's own, else the defaults."""
+    if config is None and state:
+        return TrainConfig.from_dict(state["config"])
+    return as_config(config)
 
 
 # -- setup: resolve every "auto", build every part; raises before anything is changed --------

@@ -13,7 +13,8 @@ import math
 import statistics
 from typing import Callable, List, Optional, Tuple
 
-from .compare import as_config, display_with_figure, fresh_model
+from .compare import display_with_figure, fresh_model
+from .config import as_config
 from .loop import fit
 from .run import Run
 
