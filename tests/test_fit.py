@@ -208,3 +208,18 @@ def test_compile_when_asked():
                  config=quick(compile=True, max_steps=2), progress=False)
     assert run.state == "finished"
     assert math.isfinite(run.records("train")[-1]["loss"])
+
+
+def test_validation_runs_the_model_once_per_batch_without_a_loss_fn(blobs):
+    class CountsCalls(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net, self.calls = mlp(), 0
+
+        def forward(self, batch):
+            self.calls += 1
+            x, y = batch
+            return F.cross_entropy(self.net(x), y)
+    model = CountsCalls()
+    run = nt.fit(model, blobs, None, config=quick(epochs=1), val_data=blobs, progress=False)
+    assert model.calls == run.step + 512 // 32   # 16 train steps + 16 validation batches

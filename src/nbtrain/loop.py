@@ -165,7 +165,7 @@ def _probe_step(model, parts: Parts, amp: str) -> None:
     with leaves_no_trace(model):
         batch = parts.move(first_batch(parts.batches))
         with autocast_context(amp, parts.device):
-            loss = _loss_of(parts, batch)
+            _, loss = outputs_and_loss(parts.forward, parts.loss_fn, batch)
         loss.backward()
 
 
@@ -279,7 +279,7 @@ def _step(run: Run, parts: Parts, window, meter: Interval) -> None:
         batch = parts.move(batch)
         meter.copy_done()
         with autocast_context(parts.amp, parts.device):
-            loss = _loss_of(parts, batch)
+            _, loss = outputs_and_loss(parts.forward, parts.loss_fn, batch)
         meter.add(loss.detach(), _batch_len(batch))
         if len(window) > 1:
             loss = loss / len(window)
@@ -296,12 +296,15 @@ def _step(run: Run, parts: Parts, window, meter: Interval) -> None:
     opt.zero_grad(set_to_none=True)
 
 
-def _loss_of(parts: Parts, batch) -> torch.Tensor:
-    if parts.loss_fn is None:
-        out = parts.forward(batch)
+def outputs_and_loss(forward: Callable, loss_fn: Optional[Callable], batch):
+    """(model output, scalar loss) for one batch: `loss_fn(forward(*inputs), targets)`, or
+    with no loss_fn the model's own loss (a tensor, or a dict / object with `loss`)."""
+    if loss_fn is None:
+        out = forward(batch)
         loss = out["loss"] if isinstance(out, dict) else getattr(out, "loss", out)
     elif isinstance(batch, (tuple, list)) and len(batch) >= 2:
-        loss = parts.loss_fn(parts.forward(*batch[:-1]), batch[-1])
+        out = forward(*batch[:-1])
+        loss = loss_fn(out, batch[-1])
     else:
         raise TypeError(f"with a loss_fn each batch must be (inputs, targets); got a "
                         f"{type(batch).__name__}. Pass loss_fn=None and make the model "
@@ -311,7 +314,7 @@ def _loss_of(parts: Parts, batch) -> torch.Tensor:
             else type(loss).__name__
         raise ValueError(f"the loss must be a scalar tensor; got {what}. Average it "
                          "(e.g. reduction='mean') or return loss.mean().")
-    return loss
+    return out, loss
 
 
 def _batch_len(batch) -> int:
@@ -354,9 +357,8 @@ def evaluate(run: Run, parts: Parts) -> dict:
     count, classified = 0, True
     for batch in parts.val_batches.epoch(0):
         batch = parts.move(batch)
-        with autocast_context(parts.amp, parts.device):
-            out = parts.forward(*batch[:-1]) if parts.loss_fn else parts.forward(batch)
-            loss = parts.loss_fn(out, batch[-1]) if parts.loss_fn else _loss_of(parts, batch)
+        with autocast_context(parts.amp, parts.device):   # one forward, even without loss_fn
+            out, loss = outputs_and_loss(parts.forward, parts.loss_fn, batch)
         n = _batch_len(batch)
         loss_sum += loss.float() * n
         count += n

@@ -88,6 +88,7 @@ def max_batch_size(model: torch.nn.Module, train_data, loss_fn: Optional[Callabl
     """
     from .data.batches import as_tensors
     from .devices import autocast_context, resolve_amp, resolve_device
+    from .loop import outputs_and_loss   # here: loop imports this module
     cfg = config or TrainConfig()
     device, _ = resolve_device(cfg.device)
     amp, _ = resolve_amp(cfg.amp, device)
@@ -102,8 +103,7 @@ def max_batch_size(model: torch.nn.Module, train_data, loss_fn: Optional[Callabl
         batch = tuple(t[idx].to(device) for t in tensors)
         try:
             with leaves_no_trace(model), autocast_context(amp, device):
-                out = model(*batch[:-1]) if loss_fn else model(batch)
-                loss = loss_fn(out, batch[-1]) if loss_fn else getattr(out, "loss", out)
+                _, loss = outputs_and_loss(model, loss_fn, batch)
             loss.backward()
             return True
         except Exception as exc:
