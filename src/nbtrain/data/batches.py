@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Iterator, List, Optional, Sequence
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
@@ -25,7 +25,28 @@ def batch_count(n: int, batch_size: int, drop_last: bool) -> int:
     return n // batch_size if drop_last else math.ceil(n / batch_size)
 
 
-class TensorBatches:
+class EpochPlan:
+    """Which samples each batch of an epoch holds, fixed by (seed, epoch): resumable."""
+
+    def __init__(self, n: int, batch_size: int, shuffle: bool, drop_last: bool, seed: int):
+        self.n, self.batch_size, self.shuffle, self.drop_last, self.seed = \
+            n, batch_size, shuffle, drop_last, seed
+
+    def __len__(self) -> int:
+        return batch_count(self.n, self.batch_size, self.drop_last)
+
+    def bounds(self, start: int = 0) -> Iterator[Tuple[int, int]]:
+        """(first, end) positions in the epoch's order of each batch from `start` on."""
+        bs = self.batch_size
+        for b in range(start, len(self)):
+            yield b * bs, (b + 1) * bs
+
+    def sample_indices(self, epoch: int, batch: int) -> List[int]:
+        first = batch * self.batch_size
+        return epoch_order(self.n, self.shuffle, self.seed, epoch)[first:first + self.batch_size].tolist()
+
+
+class TensorBatches(EpochPlan):
     """In-memory tensors served a batch at a time: one `index_select` per tensor.
 
     A DataLoader over the same tensors calls `__getitem__` per sample and stacks the
@@ -35,34 +56,24 @@ class TensorBatches:
     def __init__(self, tensors: Sequence[torch.Tensor], batch_size: int, shuffle: bool,
                  drop_last: bool, seed: int):
         self.tensors = tuple(tensors)
-        self.n = len(self.tensors[0])
-        self.batch_size, self.shuffle, self.drop_last, self.seed = \
-            batch_size, shuffle, drop_last, seed
-
-    def __len__(self) -> int:
-        return batch_count(self.n, self.batch_size, self.drop_last)
+        super().__init__(len(self.tensors[0]), batch_size, shuffle, drop_last, seed)
 
     def to(self, device: torch.device) -> "TensorBatches":
         self.tensors = tuple(t.to(device) for t in self.tensors)
         return self
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple]:
-        bs = self.batch_size
         if not self.shuffle:   # contiguous slices are views: no copy at all
-            for b in range(start, len(self)):
-                yield tuple(t[b * bs:(b + 1) * bs] for t in self.tensors)
+            for first, end in self.bounds(start):
+                yield tuple(t[first:end] for t in self.tensors)
             return
         order = epoch_order(self.n, True, self.seed, epoch).to(self.tensors[0].device)
-        for b in range(start, len(self)):
-            idx = order[b * bs:(b + 1) * bs]
+        for first, end in self.bounds(start):
+            idx = order[first:end]
             yield tuple(t.index_select(0, idx) for t in self.tensors)
 
-    def sample_indices(self, epoch: int, batch: int) -> List[int]:
-        order = epoch_order(self.n, self.shuffle, self.seed, epoch)
-        return order[batch * self.batch_size:(batch + 1) * self.batch_size].tolist()
 
-
-class EpochBatchSampler:
+class EpochBatchSampler(EpochPlan):
     """Batches of indices for the epoch and start position set before each `iter()`.
 
     The sampler runs in the main process even with workers, so setting `epoch` and
@@ -70,22 +81,13 @@ class EpochBatchSampler:
     """
 
     def __init__(self, n: int, batch_size: int, shuffle: bool, drop_last: bool, seed: int):
-        self.n, self.batch_size, self.shuffle, self.drop_last, self.seed = \
-            n, batch_size, shuffle, drop_last, seed
+        super().__init__(n, batch_size, shuffle, drop_last, seed)
         self.epoch, self.start = 0, 0
-
-    def __len__(self) -> int:
-        return batch_count(self.n, self.batch_size, self.drop_last)
 
     def __iter__(self) -> Iterator[List[int]]:
         order = epoch_order(self.n, self.shuffle, self.seed, self.epoch)
-        bs = self.batch_size
-        for b in range(self.start, len(self)):
-            yield order[b * bs:(b + 1) * bs].tolist()
-
-    def sample_indices(self, epoch: int, batch: int) -> List[int]:
-        order = epoch_order(self.n, self.shuffle, self.seed, epoch)
-        return order[batch * self.batch_size:(batch + 1) * self.batch_size].tolist()
+        for first, end in self.bounds(self.start):
+            yield order[first:end].tolist()
 
 
 class LoaderBatches:
