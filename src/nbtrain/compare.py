@@ -185,16 +185,9 @@ def time_to(run: Run, target: float) -> float:
     return math.nan
 
 
-def peak_mb(run: Run) -> float:
-    """GPU: the allocator's peak; CPU: the highest RSS seen during this run.
-
-    Not the summary's peak_rss_mb: ru_maxrss is the process's lifetime peak, so every
-    run after the biggest one would report the same number.
-    """
-    train = run.records("train")
-    cuda = [r["cuda_peak_allocated_mb"] for r in train if "cuda_peak_allocated_mb" in r]
-    rss = [r["rss_mb"] for r in train if "rss_mb" in r]
-    return max(cuda or rss or [math.nan])
+def peak_mb(summary: dict) -> float:
+    """GPU: the allocator's peak of the run; CPU: the highest RSS seen during the run."""
+    return summary.get("peak_cuda_mb", summary["peak_rss_mb"])
 
 
 def row_of(name: str, runs: List[Run], target: float) -> dict:
@@ -206,7 +199,7 @@ def row_of(name: str, runs: List[Run], target: float) -> dict:
         "final_loss": [s["final_loss"] for s in summaries],
         "val_loss": [s.get("val_loss", math.nan) for s in summaries],
         "val_acc": [s.get("val_acc", math.nan) for s in summaries],
-        "peak_mb": [peak_mb(run) for run in runs],
+        "peak_mb": [peak_mb(s) for s in summaries],
     }
     row = {"name": name, "seeds": len(runs), "state": runs[-1].state}
     for key, values in per_seed.items():

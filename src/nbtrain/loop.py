@@ -21,7 +21,7 @@ from .memory import checkpointed_forward, leaves_no_trace, release
 from .optim import build_optimizer, resolve_impl
 from .run import Run, TrainingError
 from .schedule import Schedule
-from .telemetry import Interval, MemorySampler, diagnose
+from .telemetry import Interval, diagnose
 
 
 @dataclass
@@ -156,8 +156,8 @@ def _data_path(run: Run, batches, device):
 def _architecture(model, batches) -> tuple:
     """What the bf16 measurement depends on: layers, parameter shapes, batch shapes."""
     shapes = tuple((tuple(p.shape), p.dtype) for p in model.parameters())
-    batch = first_batch(batches) if hasattr(batches, "tensors") else None
-    inputs = tuple(tuple(t.shape) for t in batch) if batch else len(batches)
+    inputs = (tuple((tuple(t.shape[1:]), t.dtype) for t in batches.tensors), batches.batch_size) \
+        if hasattr(batches, "tensors") else len(batches)
     return (repr(model), shapes, inputs)
 
 
@@ -167,6 +167,13 @@ def _probe_step(model, parts: Parts, amp: str) -> None:
         with autocast_context(amp, parts.device):
             _, loss = outputs_and_loss(parts.forward, parts.loss_fn, batch)
         loss.backward()
+
+
+def planned_steps(cfg: TrainConfig, batches_per_epoch: int) -> int:
+    """Optimizer steps of a run: max_steps when set, else every epoch's (accumulated) steps."""
+    if cfg.max_steps is not None:
+        return cfg.max_steps
+    return cfg.epochs * math.ceil(batches_per_epoch / cfg.grad_accum_steps)
 
 
 def _total_steps(cfg: TrainConfig, batches) -> int:
@@ -180,7 +187,7 @@ def _total_steps(cfg: TrainConfig, batches) -> int:
     if per_epoch == 0:
         raise ConfigError(f"TrainConfig.batch_size={cfg.batch_size} with drop_last="
                           f"{cfg.drop_last} leaves no batch in an epoch: lower batch_size.")
-    return cfg.epochs * math.ceil(per_epoch / cfg.grad_accum_steps)
+    return planned_steps(cfg, per_epoch)
 
 
 # -- the loop -----------------------------------------------------------------------------------
@@ -211,7 +218,6 @@ def _train(run: Run, parts: Parts) -> None:
     cfg, model, opt = run.config, run.model, run.optimizer
     model.train()
     meter = Interval(parts.device, run.step, cfg.telemetry)
-    meter.memory = MemorySampler(parts.device)
     if parts.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(parts.device)   # peak of this run, not the kernel's
     run._stage = "load"

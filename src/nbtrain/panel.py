@@ -176,20 +176,22 @@ def build_controls(widgets, config: TrainConfig) -> Dict[str, List[Control]]:
 def planned_total_steps(config: TrainConfig, train_data) -> Optional[int]:
     """The steps a run will take, before it starts (for the LR preview); None if unknown.
 
-    Mirrors the engine's count (loop._total_steps), which needs the built batches.
+    The engine's own count, from the data's length, without building (or moving) the data.
     """
+    from torch.utils.data import DataLoader
+    from .data.batches import batch_count
+    from .loop import planned_steps
     if config.max_steps is not None:
         return config.max_steps
     try:
-        from torch.utils.data import DataLoader
         if isinstance(train_data, DataLoader):
             batches = len(train_data)
         else:
             n = len(train_data[0]) if isinstance(train_data, (tuple, list)) else len(train_data)
-            batches = n // config.batch_size if config.drop_last else math.ceil(n / config.batch_size)
+            batches = batch_count(n, config.batch_size, config.drop_last)
     except TypeError:   # an IterableDataset: no length until it runs
         return None
-    return config.epochs * math.ceil(batches / config.grad_accum_steps) or None
+    return planned_steps(config, batches) or None
 
 
 def _field_named(error: Exception) -> Optional[str]:

@@ -103,6 +103,7 @@ class Interval:
         self.timed = timed
         self._timer_class = NoTimer if not timed else (
             CudaTimer if device.type == "cuda" else HostTimer)
+        self.memory = MemorySampler(device)
         self.t_start = time.perf_counter()
         self.reset(start_step)
 
