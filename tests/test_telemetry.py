@@ -99,19 +99,8 @@ def deep_mlp():
     return nn.Sequential(*layers, nn.Linear(64, 3))
 
 
-def saved_bytes(forward, x):
-    total = [0]
-
-    def pack(t):
-        total[0] += t.numel() * t.element_size()
-        return t
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        forward(x).sum().backward()
-    return total[0]
-
-
 def test_activation_checkpointing_saves_memory_and_keeps_the_math():
-    from nbtrain.memory import checkpointed_forward
+    from nbtrain.memory import checkpointed_forward, saved_for_backward_bytes as saved_bytes
     x, y = torch.randn(256, 64), torch.randint(0, 3, (256,))
     plain, ckpt = deep_mlp(), deep_mlp()
     assert saved_bytes(checkpointed_forward(ckpt, True), x) < saved_bytes(plain, x) / 2

@@ -68,6 +68,21 @@ def checkpointed_forward(model: torch.nn.Module, setting) -> Callable:
     return forward
 
 
+def saved_for_backward_bytes(forward: Callable, x: torch.Tensor) -> int:
+    """Bytes autograd keeps for backward in one `forward(x).sum().backward()`: the
+    activation memory, exactly (`saved_tensors_hooks` sees every saved tensor) and the
+    same on any device."""
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        forward(x).sum().backward()
+    return total
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
     if isinstance(exc, torch.OutOfMemoryError):
         return True
