@@ -11,7 +11,6 @@
 """
 from __future__ import annotations
 
-import statistics
 import time
 
 import torch

@@ -78,7 +78,7 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"median of {args.repeats} interleaved epochs\n")
-    print(f"| case | way | ms/step | vs plain |\n|---|---|---:|---:|")
+    print("| case | way | ms/step | vs plain |\n|---|---|---:|---:|")
     for label, make_model, x, y in cases():
         result = measure(make_model, x, y, args.repeats)
         plain = result["plain loop"]

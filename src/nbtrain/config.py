@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional, Tuple, Union
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "radam", "nadam", "rmsprop", "adagrad")

@@ -389,7 +389,7 @@ def _is_classification(out, target) -> bool:
 # -- errors and Ctrl-C ------------------------------------------------------------------------
 def _explain(exc: Exception, run: Run, parts: Parts) -> str:
     where = f"batch {run.batch_in_epoch} of epoch {run.epoch} (step {run.step})"
-    if getattr(run, "_stage", "load") == "load":
+    if run._stage == "load":
         text = f"loading {where} failed: {type(exc).__name__}: {exc}"
         indices = parts.batches.sample_indices(run.epoch, run.batch_in_epoch) \
             if hasattr(parts.batches, "sample_indices") else None
