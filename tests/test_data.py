@@ -10,7 +10,7 @@ from torch.nn import functional as F
 
 import nbtrain as nt
 from nbtrain.config import TrainConfig
-from nbtrain.data import make_batches, make_mover, _resolve_on_device, _resolve_pin
+from nbtrain.data import available_cores, make_batches, make_mover, _resolve_on_device, _resolve_pin
 from nbtrain.data.batches import TensorBatches, epoch_order
 from nbtrain.data.lmdb import LMDBDataset, pack_lmdb
 
@@ -56,7 +56,18 @@ def test_auto_settings_by_data_kind():
     assert tensors["num_workers"][0] == 0 and tensors["batched_fetch"][0] is True
     assert "batched fetch" in tensors["num_workers"][1]
     make_batches(Squares(), TrainConfig(), torch.device("cpu"), per_sample)
-    assert per_sample["num_workers"][0] >= 1 and "per-sample" in per_sample["num_workers"][1]
+    assert per_sample["num_workers"][0] == min(8, available_cores() - 1)
+    assert "per-sample" in per_sample["num_workers"][1]
+
+
+def test_auto_workers_follow_the_cpu_limit_not_the_machine(monkeypatch):
+    # LOKY_MAX_CPU_COUNT stands in for a container's cgroup quota: both cap joblib's count
+    monkeypatch.setenv("LOKY_MAX_CPU_COUNT", "1")
+    assert available_cores() == 1
+    resolved = {}
+    make_batches(Squares(), TrainConfig(), torch.device("cpu"), resolved)
+    assert resolved["num_workers"] == (0, "per-sample loading on 1 core: a worker would take "
+                                          "turns with training for it")
 
 
 def test_auto_on_a_gpu_pins_and_keeps_small_data_on_the_device(monkeypatch):

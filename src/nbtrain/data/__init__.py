@@ -1,7 +1,6 @@
 """The data path: build the batch source for a run and resolve its "auto" settings."""
 from __future__ import annotations
 
-import os
 from typing import Callable, Dict, Tuple
 
 import torch
@@ -25,10 +24,11 @@ Resolved = Dict[str, Tuple[object, str]]
 
 
 def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:   # macOS, Windows
-        return os.cpu_count() or 1
+    """CPUs this process may use: its affinity mask and any cgroup CPU quota (Docker,
+    Kubernetes, Binder), which `os.cpu_count()` ignores. joblib (a scikit-learn
+    dependency) reads both; LOKY_MAX_CPU_COUNT caps it by hand."""
+    import joblib
+    return joblib.cpu_count()
 
 
 def make_batches(data, cfg: TrainConfig, device: torch.device, resolved: Resolved):
@@ -163,7 +163,9 @@ def _resolve_workers(cfg: TrainConfig) -> Tuple[int, str]:
     if cfg.num_workers != "auto":
         return cfg.num_workers, "asked for"
     cores = available_cores()
-    workers = max(1, min(8, cores - 1))
+    if cores == 1:
+        return 0, "per-sample loading on 1 core: a worker would take turns with training for it"
+    workers = min(8, cores - 1)
     return workers, (f"per-sample loading: {workers} worker(s) load ahead while the main "
                      f"process trains ({cores} cores)")
 
