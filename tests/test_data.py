@@ -208,3 +208,57 @@ def test_prefetcher_yields_batches_on_the_device(blobs):
     move = make_mover(torch.device("cuda"), True, False, False, pin_here=True)
     batches = list(CudaPrefetcher(source, move, torch.device("cuda")).epoch(0))
     assert len(batches) == len(source) and all(b[0].is_cuda for b in batches)
+
+
+class StreamLog:
+    """Stands in for torch.cuda's stream calls on a CPU-only build and logs their order."""
+
+    def __init__(self, monkeypatch):
+        self.log, self.active = [], "main"
+        log = self
+
+        class Stream:
+            def __init__(self, device=None, name="side"):
+                self.name = name
+
+            def wait_stream(self, other):
+                log.log.append(f"{self.name} waits for {other.name}")
+
+        class On:   # torch.cuda.stream(s): a context that makes `s` current
+            def __init__(self, stream):
+                self.stream = stream
+
+            def __enter__(self):
+                log.active = self.stream.name
+
+            def __exit__(self, *exc):
+                log.active = "main"
+
+        main = Stream(name="main")
+        monkeypatch.setattr(torch.cuda, "Stream", Stream)
+        monkeypatch.setattr(torch.cuda, "stream", On)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: main)
+        monkeypatch.setattr(torch.Tensor, "record_stream",
+                            lambda t, s: log.log.append(f"batch {int(t[0])} used on {s.name}"))
+
+    def move(self, batch):
+        self.log.append(f"copy batch {int(batch[0][0])} on {self.active}")
+        return batch
+
+
+def test_prefetcher_copies_the_next_batch_on_the_side_stream_before_yielding(monkeypatch):
+    from nbtrain.data.prefetch import CudaPrefetcher
+    streams = StreamLog(monkeypatch)
+    x = torch.arange(4).repeat_interleave(2)          # batch k holds samples [k, k]
+    source = TensorBatches((x, x), 2, False, False, 0)
+    prefetcher = CudaPrefetcher(source, streams.move, torch.device("cuda"))
+    for batch in prefetcher.epoch(0, start=1):
+        streams.log.append(f"step on batch {int(batch[0][0])}")
+    assert streams.log == [
+        "copy batch 1 on side",
+        "main waits for side", "batch 1 used on main", "batch 1 used on main",
+        "copy batch 2 on side", "step on batch 1",      # batch 2 is copied during step 1
+        "main waits for side", "batch 2 used on main", "batch 2 used on main",
+        "copy batch 3 on side", "step on batch 2",
+        "main waits for side", "batch 3 used on main", "batch 3 used on main",
+        "step on batch 3"]
