@@ -36,6 +36,19 @@ def test_loader_batches_are_pinned_only_when_asked(pin):
     assert inputs.is_pinned() is pin
 
 
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_batched_fetch_gathers_into_pinned_memory(blobs, shuffle):
+    resolved = {}
+    cfg = TrainConfig(pin_memory="auto", data_on_device=False, shuffle=shuffle, batch_size=64)
+    source = make_batches(blobs, cfg, torch.device("cuda"), resolved)
+    assert resolved["pin_memory"][0] is True and resolved["batched_fetch"][0] is True
+    pinned = next(iter(source.epoch(0)))
+    source.pin = False
+    plain = next(iter(source.epoch(0)))
+    assert all(t.is_pinned() for t in pinned) and not any(t.is_pinned() for t in plain)
+    assert all(torch.equal(a, b) for a, b in zip(pinned, plain))
+
+
 def host_to_device_copies(train) -> int:
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

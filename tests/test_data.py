@@ -204,8 +204,8 @@ def test_prefetcher_only_where_there_is_a_copy_to_hide(blobs):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_prefetcher_yields_batches_on_the_device(blobs):
     from nbtrain.data.prefetch import CudaPrefetcher
-    source = TensorBatches(blobs, 64, True, False, 0)
-    move = make_mover(torch.device("cuda"), True, False, False, pin_here=True)
+    source = TensorBatches(blobs, 64, True, False, 0, pin=True)
+    move = make_mover(torch.device("cuda"), True, False, False)
     batches = list(CudaPrefetcher(source, move, torch.device("cuda")).epoch(0))
     assert len(batches) == len(source) and all(b[0].is_cuda for b in batches)
 

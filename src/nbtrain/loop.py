@@ -144,8 +144,7 @@ def _data_path(run: Run, batches, device):
     """The batch source and the function that puts a batch on the device."""
     resident, _ = run.resolved["data_on_device"]
     pinned, _ = run.resolved["pin_memory"]
-    pin_here = pinned and hasattr(batches, "tensors")   # batched fetch does not pin by itself
-    move = make_mover(device, pinned, resident, run.config.channels_last, pin_here)
+    move = make_mover(device, pinned, resident, run.config.channels_last)
     run.resolved["prefetch_to_device"] = resolve_prefetch(run.config, device, resident, pinned)
     if run.resolved["prefetch_to_device"][0]:
         # batches arrive on the device: the step's own move has nothing left to do

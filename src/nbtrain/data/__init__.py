@@ -73,6 +73,7 @@ def _tensor_source(tensors, cfg: TrainConfig, device, resolved: Resolved):
     if on_device:
         source.to(device)
     resolved["pin_memory"] = _resolve_pin(cfg, device, on_device)
+    source.pin = resolved["pin_memory"][0]
     return source
 
 
@@ -182,20 +183,15 @@ def first_batch(source):
     return next(iter(source.epoch(0)))
 
 
-def make_mover(device: torch.device, pinned: bool, resident: bool, channels_last: bool,
-               pin_here: bool = False) -> Callable:
-    """The function that puts a batch on `device`: identity when it is already there.
-
-    `pin_here`: the source does not pin (batched fetch), so pin each batch before copying.
-    """
+def make_mover(device: torch.device, pinned: bool, resident: bool,
+               channels_last: bool) -> Callable:
+    """The function that puts a batch on `device`: identity when it is already there."""
     if resident and not channels_last:
         return _identity
     non_blocking = pinned   # only a copy from pinned memory can be asynchronous
 
     def move(batch):
         if isinstance(batch, torch.Tensor):
-            if pin_here:
-                batch = batch.pin_memory()
             batch = batch.to(device, non_blocking=non_blocking)
             if channels_last and batch.dim() == 4:
                 batch = batch.contiguous(memory_format=torch.channels_last)

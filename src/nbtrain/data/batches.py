@@ -54,23 +54,32 @@ class TensorBatches(EpochPlan):
     """
 
     def __init__(self, tensors: Sequence[torch.Tensor], batch_size: int, shuffle: bool,
-                 drop_last: bool, seed: int):
+                 drop_last: bool, seed: int, pin: bool = False):
         self.tensors = tuple(tensors)
+        self.pin = pin   # batches in page-locked memory, for asynchronous copies to the GPU
         super().__init__(len(self.tensors[0]), batch_size, shuffle, drop_last, seed)
 
     def to(self, device: torch.device) -> "TensorBatches":
         self.tensors = tuple(t.to(device) for t in self.tensors)
+        self.pin = False
         return self
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple]:
-        if not self.shuffle:   # contiguous slices are views: no copy at all
+        if not self.shuffle:   # contiguous slices are views: no copy unless pinned is asked
             for first, end in self.bounds(start):
-                yield tuple(t[first:end] for t in self.tensors)
+                yield tuple(t[first:end].pin_memory() if self.pin else t[first:end]
+                            for t in self.tensors)
             return
         order = epoch_order(self.n, True, self.seed, epoch).to(self.tensors[0].device)
         for first, end in self.bounds(start):
-            idx = order[first:end]
-            yield tuple(t.index_select(0, idx) for t in self.tensors)
+            yield tuple(self._gather(t, order[first:end]) for t in self.tensors)
+
+    def _gather(self, tensor: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        if not self.pin:
+            return tensor.index_select(0, idx)
+        # straight into page-locked memory: one pass over the batch, not a gather then a pin
+        out = torch.empty((len(idx), *tensor.shape[1:]), dtype=tensor.dtype, pin_memory=True)
+        return torch.index_select(tensor, 0, idx, out=out)
 
 
 class EpochBatchSampler(EpochPlan):
