@@ -1,5 +1,6 @@
 """The data path: batched fetch, loader settings, workers under every start method, LMDB."""
 import os
+import signal
 import sys
 
 import numpy as np
@@ -147,6 +148,38 @@ def test_a_worker_that_raises_names_the_sample():
     assert "loading batch 1 of epoch 0" in text
     assert "sample 13 raised ValueError: corrupt record" in text
     assert err.value.run.step == 1 and err.value.run.model is model   # state kept
+
+
+class Crashes(torch.utils.data.Dataset):
+    """Sample 13 ends the process that loads it without raising, as a segfault would."""
+
+    def __init__(self, death):
+        self.death, self.notebook_pid = death, os.getpid()   # travels to spawned workers
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if i == 13:
+            if os.getpid() == self.notebook_pid:
+                raise AssertionError("sample 13 was loaded in the notebook's own process")
+            os.kill(os.getpid(), signal.SIGKILL) if self.death == "SIGKILL" else os._exit(3)
+        return torch.tensor([float(i)]), torch.tensor([float(i)])
+
+
+@pytest.mark.parametrize("death, method, reason", [
+    ("exit", "fork", "exit code 3"),
+    ("SIGKILL", "spawn", "SIGKILL, most often the out-of-memory killer")])
+def test_a_worker_that_dies_names_the_sample_without_loading_it_here(death, method, reason):
+    model = nn.Linear(1, 1)
+    with pytest.raises(nt.TrainingError) as err:
+        nt.fit(model, Crashes(death), F.mse_loss, progress=False,
+               config=quick(max_steps=4, num_workers=1, shuffle=False, batch_size=8,
+                            multiprocessing_context=method))
+    text = str(err.value)
+    assert "DataLoader worker (pid" in text
+    assert f"sample 13 kills the process that loads it ({reason})" in text
+    assert err.value.run.model is model and err.value.run.state == "failed"
 
 
 class Mixed(torch.utils.data.Dataset):

@@ -16,6 +16,7 @@ from . import checkpoint as ckpt
 from .config import ConfigError, TrainConfig, as_config
 from .data import (describe_bad_sample, first_batch, make_batches, make_mover,
                    prefetch_to_device, resolve_prefetch)
+from .data.culprit import worker_died
 from .devices import autocast_context, cpu_bf16_choice, resolve_amp, resolve_device
 from .memory import checkpointed_forward, leaves_no_trace, release
 from .optim import build_optimizer, resolve_impl
@@ -390,12 +391,22 @@ def _explain(exc: Exception, run: Run, parts: Parts) -> str:
     where = f"batch {run.batch_in_epoch} of epoch {run.epoch} (step {run.step})"
     if run._stage == "load":
         text = f"loading {where} failed: {type(exc).__name__}: {exc}"
-        indices = parts.batches.sample_indices(run.epoch, run.batch_in_epoch) \
-            if hasattr(parts.batches, "sample_indices") else None
-        dataset = getattr(parts.batches, "dataset", None)
-        culprit = describe_bad_sample(dataset, indices) if indices and dataset is not None else None
+        culprit = _load_culprit(exc, run, parts.batches)
         return text + (f"\n  {culprit}" if culprit else "")
     return f"the training step failed on {where}: {type(exc).__name__}: {exc}"
+
+
+def _load_culprit(exc: Exception, run: Run, batches) -> Optional[str]:
+    """The sample behind a failed load: re-read here after an exception, but after a worker
+    died only in a separate process, since re-reading it here could kill the kernel."""
+    source = getattr(batches, "source", batches)   # under a CudaPrefetcher
+    if worker_died(exc):
+        return source.find_crashing_sample(run.epoch, run.batch_in_epoch) \
+            if hasattr(source, "find_crashing_sample") else None
+    indices = source.sample_indices(run.epoch, run.batch_in_epoch) \
+        if hasattr(source, "sample_indices") else None
+    dataset = getattr(source, "dataset", None)
+    return describe_bad_sample(dataset, indices) if indices and dataset is not None else None
 
 
 @contextlib.contextmanager
