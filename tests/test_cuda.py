@@ -77,6 +77,17 @@ def test_prefetched_training_takes_the_same_steps(blobs):
     assert torch.allclose(weights(True), weights(False), atol=1e-6)
 
 
+@pytest.mark.parametrize("train_on_device", [True, False])
+def test_validation_data_is_moved_by_its_own_settings(blobs, train_on_device):
+    # the train batches may arrive on the GPU already (resident or prefetched) while the
+    # validation batches are still in host memory, or the other way round
+    x, y = blobs
+    run = nt.fit(mlp(), (x, y), F.cross_entropy, progress=False, val_data=(x[:100], y[:100]),
+                 config=gpu(max_steps=16, data_on_device=train_on_device, pin_memory=True,
+                            prefetch_to_device=not train_on_device))
+    assert run.state == "finished" and len(run.records("val")) == 2
+
+
 def test_fp16_autocast_runs_in_half_precision_with_a_loss_scaler(blobs):
     model, seen = mlp(), set()
     model[0].register_forward_hook(lambda mod, inp, out: seen.add(out.dtype))

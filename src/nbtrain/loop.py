@@ -36,6 +36,7 @@ class Parts:
     forward: Callable            # the model, compiled when asked
     loss_fn: Optional[Callable]
     params: list
+    val_move: Optional[Callable] = None   # validation data is resolved (pinned, resident) apart
 
 
 def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, *,
@@ -113,9 +114,10 @@ def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Parts:
     run.resolved["amp"] = resolve_amp(cfg.amp, device)
     run.resolved["optimizer_impl"] = resolve_impl(cfg, device)
     batches = make_batches(train_data, cfg, device, run.resolved)
-    val_batches = None
+    val_batches, val_resolved = None, {}
     if val_data is not None:
-        val_batches = make_batches(val_data, cfg.replace(shuffle=False, drop_last=False), device, {})
+        val_batches = make_batches(val_data, cfg.replace(shuffle=False, drop_last=False), device,
+                                   val_resolved)
     run.total_steps = _total_steps(cfg, batches)
     forward = model
     if cfg.activation_checkpointing is not False:
@@ -130,6 +132,9 @@ def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Parts:
     params = [p for p in model.parameters() if p.requires_grad]
     parts = Parts(device, run.resolved["amp"][0], batches, val_batches, move, forward,
                   loss_fn, params)
+    if val_batches is not None:
+        parts.val_move = make_mover(device, val_resolved["pin_memory"][0],
+                                    val_resolved["data_on_device"][0], cfg.channels_last)
     if cfg.amp == "auto" and parts.amp == "bf16" and device.type == "cpu":
         run.resolved["amp"] = cpu_bf16_choice(lambda amp: _probe_step(model, parts, amp),
                                               key=_architecture(model, batches))
@@ -362,7 +367,7 @@ def evaluate(run: Run, parts: Parts) -> dict:
     correct = torch.zeros((), device=parts.device, dtype=torch.long)
     count, classified = 0, True
     for batch in parts.val_batches.epoch(0):
-        batch = parts.move(batch)
+        batch = parts.val_move(batch)
         with autocast_context(parts.amp, parts.device):   # one forward, even without loss_fn
             out, loss = outputs_and_loss(parts.forward, parts.loss_fn, batch)
         n = _batch_len(batch)
