@@ -146,6 +146,14 @@ def test_non_finite_loss_skip_skips_the_update(blobs):
     assert sum(r.get("skipped_steps", 0) for r in run.records("train")) == 1
 
 
+def test_skip_checks_every_micro_batch_of_an_accumulated_step(blobs):
+    model = NaNAfter(3)   # calls 3 and 4 make step 2: the first of them is non-finite
+    run = nt.fit(model, blobs, F.cross_entropy, progress=False,
+                 config=quick(max_steps=5, on_nan="skip", grad_accum_steps=2, optimizer="sgd"))
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert sum(r.get("skipped_steps", 0) for r in run.records("train")) == 1
+
+
 def test_a_batch_the_model_cannot_take(blobs):
     model = nn.Linear(5, 3)   # the data has 8 features
     with pytest.raises(nt.TrainingError) as err:

@@ -79,13 +79,19 @@ def test_prefetched_training_takes_the_same_steps(blobs):
 
 @pytest.mark.parametrize("train_on_device", [True, False])
 def test_validation_data_is_moved_by_its_own_settings(blobs, train_on_device):
-    # the train batches may arrive on the GPU already (resident or prefetched) while the
-    # validation batches are still in host memory, or the other way round
-    x, y = blobs
-    run = nt.fit(mlp(), (x, y), F.cross_entropy, progress=False, val_data=(x[:100], y[:100]),
+    # train batches arrive on the GPU already (resident, or prefetched) while validation
+    # batches come from a per-sample Dataset in host memory
+    run = nt.fit(mlp(), blobs, F.cross_entropy, progress=False, val_data=Rows(),
                  config=gpu(max_steps=16, data_on_device=train_on_device, pin_memory=True,
                             prefetch_to_device=not train_on_device))
     assert run.state == "finished" and len(run.records("val")) == 2
+
+
+def test_tensors_already_on_the_gpu_are_used_in_place(blobs):
+    x, y = (t.cuda() for t in blobs)
+    run = nt.fit(mlp(), (x, y), F.cross_entropy, progress=False,
+                 config=gpu(max_steps=8, data_on_device=False))
+    assert run.resolved["data_on_device"][0] is True and run.resolved["pin_memory"][0] is False
 
 
 def test_fp16_autocast_runs_in_half_precision_with_a_loss_scaler(blobs):
@@ -104,3 +110,15 @@ def test_records_time_the_copy_and_read_the_allocator(blobs):
     assert last["copy_s"] > 0 and last["compute_s"] > 0
     assert last["cuda_allocated_mb"] > 0 and last["cuda_peak_allocated_mb"] >= last["cuda_allocated_mb"]
     assert run.summary()["settings"]["device"].startswith("cuda")
+
+
+def test_nvml_reads_the_gpu_this_process_uses():
+    pytest.importorskip("pynvml")
+    from nbtrain import telemetry
+    device = torch.device("cuda", torch.cuda.current_device())
+    block = torch.empty(256 * 2**20, dtype=torch.uint8, device=device)   # 256 MiB held here
+    fields = telemetry.nvml_fields(device)
+    assert fields["nvml_used_mb"] >= torch.cuda.memory_reserved(device) / 2**20
+    assert fields["nvml_total_mb"] * 2**20 == pytest.approx(
+        torch.cuda.get_device_properties(device).total_memory, rel=0.05)
+    del block

@@ -82,6 +82,15 @@ def test_auto_on_a_gpu_pins_and_keeps_small_data_on_the_device(monkeypatch):
     assert on is False and "quarter of free device memory" in why
 
 
+def test_tensors_already_on_the_device_stay_there():
+    meta = torch.device("meta")   # stands in for a GPU: tensors live there, not in host memory
+    tensors = [torch.zeros(10, 2, device=meta), torch.zeros(10, device=meta)]
+    for setting in ("auto", False):
+        on, why = _resolve_on_device(tensors, TrainConfig(data_on_device=setting), meta)
+        assert on is True and why == "the tensors are already on meta"
+    assert _resolve_on_device([torch.zeros(3)], TrainConfig(), meta)[0] is not True
+
+
 def test_batched_fetch_with_workers_is_refused():
     with pytest.raises(nt.ConfigError, match="batched_fetch=True with num_workers=2"):
         make_batches((torch.randn(10, 2),), TrainConfig(batched_fetch=True, num_workers=2),
@@ -295,3 +304,28 @@ def test_prefetcher_copies_the_next_batch_on_the_side_stream_before_yielding(mon
         "copy batch 3 on side", "step on batch 2",
         "main waits for side", "batch 3 used on main", "batch 3 used on main",
         "step on batch 3"]
+
+
+class FailsAt:
+    """A batch source whose batch `bad` fails to load."""
+
+    def __init__(self, bad):
+        self.bad = bad
+
+    def __len__(self):
+        return 4
+
+    def epoch(self, epoch, start=0):
+        for k in range(start, 4):
+            if k == self.bad:
+                raise ValueError(f"batch {k} is corrupt")
+            yield (torch.tensor([k]),)
+
+
+def test_prefetcher_raises_a_load_error_at_the_batch_that_failed(monkeypatch):
+    from nbtrain.data.prefetch import CudaPrefetcher
+    streams = StreamLog(monkeypatch)
+    batches = CudaPrefetcher(FailsAt(bad=2), streams.move, torch.device("cuda")).epoch(0)
+    assert [int(next(batches)[0]) for _ in range(2)] == [0, 1]   # batch 1 still trains
+    with pytest.raises(ValueError, match="batch 2 is corrupt"):
+        next(batches)

@@ -223,3 +223,24 @@ def test_validation_runs_the_model_once_per_batch_without_a_loss_fn(blobs):
     model = CountsCalls()
     run = nt.fit(model, blobs, None, config=quick(epochs=1), val_data=blobs, progress=False)
     assert model.calls == run.step + 512 // 32   # 16 train steps + 16 validation batches
+
+
+@pytest.mark.parametrize("capability, auto", [((7, 5), "fp16"), ((8, 0), "bf16")])
+def test_gpu_amp_counts_only_native_bf16(monkeypatch, capability, auto):
+    # torch.cuda.is_bf16_supported() says yes on a T4 (7.5), where bf16 is emulated and slow
+    from nbtrain.devices import resolve_amp
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    cuda = torch.device("cuda", 0)
+    assert resolve_amp("auto", cuda)[0] == auto
+    if auto == "fp16":
+        with pytest.raises(nt.ConfigError, match="amp='bf16' is not supported by this GPU"):
+            resolve_amp("bf16", cuda)
+
+
+@pytest.mark.parametrize("version, impl", [("2.6.0+cu124", "foreach"), ("2.11.0+cu130", "fused")])
+def test_fused_adagrad_on_cuda_only_where_torch_has_the_kernel(monkeypatch, version, impl):
+    from nbtrain.optim import resolve_impl
+    monkeypatch.setattr(torch, "__version__", version)
+    assert resolve_impl(nt.TrainConfig(optimizer="adagrad"), torch.device("cuda", 0))[0] == impl

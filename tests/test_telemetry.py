@@ -174,9 +174,28 @@ def test_exports(blobs, tmp_path):
 
 
 def test_nvml_fields_absent_without_a_gpu(monkeypatch):
-    monkeypatch.setitem(telemetry._nvml, "tried", False)
+    monkeypatch.setattr(telemetry, "_nvml_handles", {})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert telemetry.nvml_fields(torch.device("cpu")) == {}
         fields = telemetry.nvml_fields(torch.device("cuda"))   # no driver here: just empty
     assert fields == {} or "nvml_used_mb" in fields
+
+
+class SlowRows(torch.utils.data.Dataset):
+    """Validation data that takes 0.3 s to read."""
+
+    def __len__(self):
+        return 30
+
+    def __getitem__(self, i):
+        time.sleep(0.01)
+        return torch.zeros(8), 0
+
+
+def test_validation_time_is_not_counted_as_training_time(blobs):
+    run = nt.fit(mlp(), blobs, F.cross_entropy, val_data=SlowRows(), progress=False,
+                 config=quick(max_steps=21, log_every=5, num_workers=0))
+    after_validation = run.records("train")[-1]    # steps 17-21, just after epoch 0's validation
+    assert after_validation["step"] == 21 and after_validation["steps"] == 5
+    assert after_validation["interval_s"] < 0.15   # the 0.3 s of validation is not in it

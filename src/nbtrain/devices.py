@@ -14,12 +14,27 @@ Choice = Tuple[object, str]   # (value, why it was chosen)
 
 def resolve_device(requested: str) -> Tuple[torch.device, str]:
     if requested != "auto":
-        return _checked_device(requested), "asked for"
+        return _indexed(_checked_device(requested)), "asked for"
     if torch.cuda.is_available():
-        return torch.device("cuda"), f"CUDA available: {torch.cuda.get_device_name(0)}"
+        device = _indexed(torch.device("cuda"))
+        return device, f"CUDA available: {torch.cuda.get_device_name(device)}"
     if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
         return torch.device("mps"), "Apple MPS available"
     return torch.device("cpu"), "no CUDA or MPS device found"
+
+
+def _indexed(device: torch.device) -> torch.device:
+    """'cuda' as 'cuda:N': the current device is per thread, and a background run's thread
+    starts on device 0 whatever the notebook's thread chose with torch.cuda.set_device."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def gpu_has_bf16(device: torch.device) -> bool:
+    """Native bf16 (compute capability 8.0, Ampere, and later). torch.cuda.is_bf16_supported()
+    also counts emulated bf16 (T4, V100), which is slower than fp16 there."""
+    return torch.cuda.get_device_capability(device)[0] >= 8
 
 
 def _checked_device(name: str) -> torch.device:
@@ -59,12 +74,12 @@ def resolve_amp(requested: str, device: torch.device) -> Choice:
     if requested != "auto":
         if requested == "fp16" and device.type == "cpu":
             return "fp16", "asked for (on CPU fp16 autocast is usually slower than bf16)"
-        if requested == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        if requested == "bf16" and device.type == "cuda" and not gpu_has_bf16(device):
             raise ConfigError("TrainConfig.amp='bf16' is not supported by this GPU "
                               f"({torch.cuda.get_device_name(device)}): use amp='fp16'.")
         return requested, "asked for"
     if device.type == "cuda":
-        if torch.cuda.is_bf16_supported():
+        if gpu_has_bf16(device):
             return "bf16", "GPU supports bf16 (same range as fp32, no loss scaling needed)"
         return "fp16", "GPU lacks bf16: fp16 with a GradScaler"
     if device.type == "mps":

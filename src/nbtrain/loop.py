@@ -116,8 +116,11 @@ def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Parts:
     batches = make_batches(train_data, cfg, device, run.resolved)
     val_batches, val_resolved = None, {}
     if val_data is not None:
-        val_batches = make_batches(val_data, cfg.replace(shuffle=False, drop_last=False), device,
-                                   val_resolved)
+        # data_on_device=True is about the training data: validation data that cannot live
+        # on the device (a per-sample Dataset) is copied batch by batch instead
+        on_device = "auto" if cfg.data_on_device is True else cfg.data_on_device
+        val_cfg = cfg.replace(shuffle=False, drop_last=False, data_on_device=on_device)
+        val_batches = make_batches(val_data, val_cfg, device, val_resolved)
     run.total_steps = _total_steps(cfg, batches)
     forward = model
     if cfg.activation_checkpointing is not False:
@@ -201,7 +204,8 @@ def _train_safely(run: Run, parts: Parts) -> None:
     start = time.perf_counter()
     run.state = "running"
     try:
-        _train(run, parts)
+        with _current_device(parts.device):
+            _train(run, parts)
         run.state = "interrupted" if run._interrupted else (
             "stopped" if run._stop.is_set() or run.message else "finished")
     except KeyboardInterrupt:
@@ -217,6 +221,12 @@ def _train_safely(run: Run, parts: Parts) -> None:
         run._emit({"kind": "end", "state": run.state, "step": run.step,
                    "message": run.message}, keep=False)
         run._done.set()
+
+
+def _current_device(device: torch.device):
+    """Make `device` this thread's current CUDA device: a background thread starts on
+    device 0, and streams, events and kernels without a device go to the current one."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _train(run: Run, parts: Parts) -> None:
@@ -260,6 +270,7 @@ def _train(run: Run, parts: Parts) -> None:
             if meter.steps:   # close the epoch's last, shorter interval before validating
                 _log(run, meter, run.schedule.lr(run.step - 1))
             _validate(run, parts)
+            meter.reset(run.step)   # validation time is not the next interval's training time
             run.epoch, run.batch_in_epoch = run.epoch + 1, 0
     if meter.steps:
         _log(run, meter, run.schedule.lr(run.step - 1))
@@ -285,17 +296,19 @@ def _windows(batches, size: int):
 
 def _step(run: Run, parts: Parts, window, meter: Interval) -> None:
     cfg, opt, scaler = run.config, run.optimizer, run.scaler
+    losses = []
     for batch in window:
         meter.copy_started()
         batch = parts.move(batch)
         meter.copy_done()
         with autocast_context(parts.amp, parts.device):
             _, loss = outputs_and_loss(parts.forward, parts.loss_fn, batch)
-        meter.add(loss.detach(), _batch_len(batch))
+        losses.append(loss.detach())
+        meter.add(losses[-1], _batch_len(batch))
         if len(window) > 1:
             loss = loss / len(window)
         scaler.scale(loss).backward()
-    if cfg.on_nan == "skip" and not torch.isfinite(loss).item():   # a host sync, skip mode only
+    if cfg.on_nan == "skip" and not _all_finite(losses):   # a host sync, skip mode only
         opt.zero_grad(set_to_none=True)
         meter.skipped += 1
         return
@@ -305,6 +318,12 @@ def _step(run: Run, parts: Parts, window, meter: Interval) -> None:
     scaler.step(opt)
     scaler.update()
     opt.zero_grad(set_to_none=True)
+
+
+def _all_finite(losses) -> bool:
+    """Whether every micro-batch's loss is finite: one bad one spoils the summed gradient."""
+    return bool(torch.isfinite(torch.stack(losses)).all()) if len(losses) > 1 \
+        else bool(torch.isfinite(losses[0]))
 
 
 def outputs_and_loss(forward: Callable, loss_fn: Optional[Callable], batch):

@@ -1,6 +1,7 @@
 """Build the optimizer: param groups without decay on biases/norms, fastest implementation."""
 from __future__ import annotations
 
+import re
 from typing import Tuple
 
 import torch
@@ -36,8 +37,15 @@ def _hyperparams(cfg: TrainConfig) -> dict:
     return {"eps": cfg.eps}
 
 
+def _has_fused(optimizer: str, device_type: str) -> bool:
+    if optimizer == "adagrad" and device_type == "cuda":   # CUDA kernel: torch 2.8 (#153038)
+        major, minor = (int(n) for n in re.match(r"(\d+)\.(\d+)", torch.__version__).groups())
+        return (major, minor) >= (2, 8)
+    return optimizer in _FUSED.get(device_type, ())
+
+
 def resolve_impl(cfg: TrainConfig, device: torch.device) -> Tuple[str, str]:
-    fused_ok = cfg.optimizer in _FUSED.get(device.type, ())
+    fused_ok = _has_fused(cfg.optimizer, device.type)
     if cfg.optimizer_impl == "fused" and not fused_ok:
         from .config import ConfigError
         raise ConfigError(f"TrainConfig.optimizer_impl='fused' is not available for "

@@ -44,14 +44,14 @@ class CudaTimer:
     one (the interval's single sync, shared with the loss read), never one per step.
     """
 
-    def __init__(self):
+    def __init__(self, device: torch.device):
         self.spans = []       # per step: ([(copy start, copy end), ...], step end)
         self._copies = []
+        self.stream = torch.cuda.current_stream(device)   # the loop's stream on its device
 
-    @staticmethod
-    def _mark():
+    def _mark(self):
         event = torch.cuda.Event(enable_timing=True)
-        event.record()
+        event.record(self.stream)
         return event
 
     def copy_started(self) -> None:
@@ -102,7 +102,7 @@ class Interval:
         self.device = device
         self.timed = timed
         self._timer_class = NoTimer if not timed else (
-            CudaTimer if device.type == "cuda" else HostTimer)
+            functools.partial(CudaTimer, device) if device.type == "cuda" else HostTimer)
         self.memory = MemorySampler(device)
         self.t_start = time.perf_counter()
         self.reset(start_step)
@@ -189,23 +189,27 @@ def rss_bytes() -> int:
         return _process().memory_info().rss
 
 
-def memory_fields(device: torch.device) -> dict:
-    """Process memory everywhere; allocator figures on CUDA. Cheap: once per interval."""
+def process_memory_fields() -> dict:
     rss = rss_bytes() / 2**20
-    fields = {"rss_mb": rss, "peak_rss_mb": max(rss, peak_rss_mb())}   # ru_maxrss lags
-    if device.type == "cuda":
-        fields["cuda_allocated_mb"] = torch.cuda.memory_allocated(device) / 2**20
-        fields["cuda_reserved_mb"] = torch.cuda.memory_reserved(device) / 2**20
-        fields["cuda_peak_allocated_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
-    return fields
+    return {"rss_mb": rss, "peak_rss_mb": max(rss, peak_rss_mb())}   # ru_maxrss lags
+
+
+def allocator_fields(device: torch.device) -> dict:
+    """The CUDA caching allocator's counters: host-side, no sync. Empty off CUDA."""
+    if device.type != "cuda":
+        return {}
+    return {"cuda_allocated_mb": torch.cuda.memory_allocated(device) / 2**20,
+            "cuda_reserved_mb": torch.cuda.memory_reserved(device) / 2**20,
+            "cuda_peak_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20}
 
 
 class MemorySampler:
-    """Memory readings, refreshed at most every `every_s` seconds and reused between.
+    """Memory readings for each record: the allocator's counters every time (they are
+    plain reads), process and NVML figures at most every `every_s` seconds.
 
-    Memory moves slowly next to a step, and each reading costs a syscall (NVML: a driver
-    call), measured at ~20 us inside a busy loop: a record every few steps would pay it
-    every few steps.
+    Memory moves slowly next to a step, and those readings each cost a syscall (NVML: a
+    driver call), measured at ~20 us inside a busy loop: a record every few steps would
+    pay it every few steps.
     """
 
     def __init__(self, device: torch.device, every_s: float = 0.25):
@@ -215,27 +219,32 @@ class MemorySampler:
     def read(self) -> dict:
         now = time.perf_counter()
         if now - self.last >= self.every_s:
-            self.fields = {**memory_fields(self.device), **nvml_fields(self.device)}
+            self.fields = {**process_memory_fields(), **nvml_fields(self.device)}
             self.last = now
-        return self.fields
+        return {**self.fields, **allocator_fields(self.device)}
 
 
 # -- NVML (nvidia-ml-py): device-wide memory, utilisation and power ----------------------------
-_nvml = {"handle": None, "tried": False}
+_nvml_handles: dict = {}   # CUDA device index -> NVML handle, or None where NVML is absent
 
 
 def _nvml_handle(device: torch.device):
-    """The NVML handle of `device`, or None where NVML or the GPU is absent (asked once)."""
-    if not _nvml["tried"]:
-        _nvml["tried"] = True
+    """The NVML handle of `device`, or None where NVML or the GPU is absent (asked once).
+
+    NVML numbers GPUs as the machine does; CUDA_VISIBLE_DEVICES renumbers them for CUDA.
+    The GPU's UUID is what both agree on.
+    """
+    if device.index not in _nvml_handles:
         try:
             import pynvml
             pynvml.nvmlInit()
             index = device.index if device.index is not None else torch.cuda.current_device()
-            _nvml["handle"] = pynvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = str(torch.cuda.get_device_properties(index).uuid)
+            uuid = uuid if uuid.startswith(("GPU-", "MIG-")) else "GPU-" + uuid
+            _nvml_handles[device.index] = pynvml.nvmlDeviceGetHandleByUUID(uuid)
         except Exception:   # no driver, no package, no GPU: the fields are simply absent
-            _nvml["handle"] = None
-    return _nvml["handle"]
+            _nvml_handles[device.index] = None
+    return _nvml_handles[device.index]
 
 
 def nvml_fields(device: torch.device) -> dict:

@@ -78,6 +78,8 @@ def _tensor_source(tensors, cfg: TrainConfig, device, resolved: Resolved):
 
 
 def _resolve_on_device(tensors, cfg: TrainConfig, device) -> Tuple[bool, str]:
+    if device.type != "cpu" and all(_already_on(t, device) for t in tensors):
+        return True, f"the tensors are already on {device}"   # nothing to pin or copy
     if device.type == "cpu":
         if cfg.data_on_device is False:
             return False, "asked for (the data is in CPU memory either way)"
@@ -92,6 +94,10 @@ def _resolve_on_device(tensors, cfg: TrainConfig, device) -> Tuple[bool, str]:
                           f"{free / 2**30:.1f} GiB free: one copy instead of one per step")
         return False, f"{size / 2**20:.0f} MiB is over a quarter of free device memory"
     return False, f"free memory on {device.type} cannot be queried"
+
+
+def _already_on(tensor: torch.Tensor, device: torch.device) -> bool:
+    return tensor.device.type == device.type and device.index in (None, tensor.device.index)
 
 
 def _resolve_pin(cfg: TrainConfig, device, on_device: bool) -> Tuple[bool, str]:
@@ -218,6 +224,8 @@ def resolve_prefetch(cfg: TrainConfig, device, resident: bool, pinned: bool):
         if not pinned:
             return False, "pageable memory cannot be copied asynchronously (pin_memory off)"
         return True, "copy batch k+1 on a side stream while step k computes"
+    if cfg.prefetch_to_device and not pinned:
+        return True, "asked for; with pin_memory off each copy blocks the host, so little overlaps"
     return cfg.prefetch_to_device, "asked for"
 
 

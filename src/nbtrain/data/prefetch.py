@@ -52,5 +52,11 @@ class CudaPrefetcher:
             current.wait_stream(self.stream)   # GPU-side wait: the host does not block
             batch = ahead
             _record_stream(batch, current)
-            ahead = self._copy_ahead(batches)
+            try:
+                ahead = self._copy_ahead(batches)
+            except Exception:
+                # batch k+1 failed to load: batch k still trains, and the error surfaces
+                # when the loop asks for k+1, so it names the batch that failed
+                yield batch
+                raise
             yield batch
