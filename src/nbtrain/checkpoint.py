@@ -6,6 +6,7 @@ tensors and plain containers only, never arbitrary code.
 """
 from __future__ import annotations
 
+import copy
 import os
 import tempfile
 from pathlib import Path
@@ -15,11 +16,22 @@ import torch
 FORMAT = 1
 
 
-def rng_state() -> dict:
+def rng_state(device=None) -> dict:
+    """The CPU RNG, plus the CUDA RNG of `device` when the run trains on a GPU.
+
+    Only the run's own GPU: the others are not the run's, and a resume may see fewer GPUs or
+    train on another index. A CPU run never calls into torch.cuda.
+    """
     state = {"cpu": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device is not None and torch.device(device).type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
+
+
+def _device_of(run) -> torch.device:
+    """The device the run trains on, as fit resolved it (CPU for a run never prepared)."""
+    name, _ = run.resolved.get("device", ("cpu", ""))
+    return torch.device(name)
 
 
 def state_of(run) -> dict:
@@ -30,7 +42,7 @@ def state_of(run) -> dict:
         "schedule": run.schedule.state_dict(),
         "scaler": run.scaler.state_dict(),
         # RNG as it was when training ended, not as the user's later cells left it
-        "rng": run._rng_at_end if run._rng_at_end is not None else rng_state(),
+        "rng": run._rng_at_end if run._rng_at_end is not None else rng_state(_device_of(run)),
         "position": {"step": run.step, "epoch": run.epoch, "batch_in_epoch": run.batch_in_epoch},
         "config": run.config.to_dict(),
         "history": list(run.history),
@@ -83,15 +95,28 @@ def restore(run, state: dict) -> None:
         run.model.load_state_dict(state["model"])
     except RuntimeError as exc:
         raise ValueError(f"the checkpoint does not fit this model: {exc}") from exc
-    run.optimizer.load_state_dict(state["optimizer"])
+    # A copy: load_state_dict keeps the given state tensors (`.to` on the same device returns
+    # them), so resuming from a Run would step that Run's own moments, and each branch of it.
+    run.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
     run.schedule.load_state_dict(state["schedule"])
     if run.config.lr != saved["lr"]:   # a new lr given for the rest of the run wins
         run.schedule.base_lr = run.config.lr
     if state["scaler"]:
         run.scaler.load_state_dict(state["scaler"])
-    torch.set_rng_state(state["rng"]["cpu"])
-    if "cuda" in state["rng"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+    _restore_rng(state["rng"], _device_of(run))
     pos = state["position"]
     run.step, run.epoch, run.batch_in_epoch = pos["step"], pos["epoch"], pos["batch_in_epoch"]
     run.history = list(state["history"])
+
+
+def _restore_rng(rng: dict, device: torch.device) -> None:
+    """Put the saved CUDA RNG on the GPU this run trains on, whichever index it had before."""
+    torch.set_rng_state(rng["cpu"])
+    cuda = rng.get("cuda")
+    if device.type != "cuda" or cuda is None:   # a CPU resume never touches (or starts) CUDA
+        return
+    if isinstance(cuda, list):   # older checkpoints: every visible GPU's state, by index
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        cuda = cuda[index] if index < len(cuda) else None
+    if cuda is not None:
+        torch.cuda.set_rng_state(cuda, device)

@@ -10,15 +10,18 @@ The table and display helpers at the bottom are shared by lr_find and autotune.
 from __future__ import annotations
 
 import copy
+import gc
 import html
 import math
 import statistics
 import warnings
+import weakref
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 import torch
 
 from .config import ConfigError, TrainConfig, as_config
+from .devices import resolve_device
 from .loop import fit
 from .run import Run, TrainingError
 
@@ -115,11 +118,32 @@ def _warm_up(make_model, train_data, loss_fn, name: str, cfg: TrainConfig) -> No
 
 
 def _train_one(name, make_model, weights, train_data, loss_fn, cfg, val_data, progress) -> Run:
+    baseline_mb = _cuda_allocated_mb(cfg)
     model = fresh_model(make_model)
     model.load_state_dict(weights)
-    if torch.cuda.is_available():   # each run starts with the cache empty: fair peak memory
-        torch.cuda.empty_cache()
-    return _fit_named(name, model, train_data, loss_fn, cfg, val_data, progress)
+    run = _fit_named(name, model, train_data, loss_fn, cfg, val_data, progress)
+    _BASELINE_MB[run] = baseline_mb
+    return run
+
+
+# The earlier runs' models and optimizer state stay allocated, and the loop's peak is
+# reset to what is allocated at its start: a config's own peak is that peak less what
+# was allocated before it (else it grows with the configs run before it).
+_BASELINE_MB: "weakref.WeakKeyDictionary[Run, float]" = weakref.WeakKeyDictionary()
+
+
+def _cuda_allocated_mb(cfg: TrainConfig) -> float:
+    """MB allocated now on the CUDA device `cfg` trains on, after freeing what is garbage
+    and emptying the cache (fair peaks); 0 off CUDA."""
+    if not torch.cuda.is_available():
+        return 0.0
+    try:
+        device, _ = resolve_device(cfg.device)
+    except ConfigError:   # fit raises it, naming the config
+        return 0.0
+    gc.collect()   # a dropped run (e.g. the warm-up's) may be cyclic garbage: free it now
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_allocated(device) / 2**20 if device.type == "cuda" else 0.0
 
 
 def _fit_named(name, model, train_data, loss_fn, cfg, val_data, progress) -> Run:
@@ -185,9 +209,12 @@ def time_to(run: Run, target: float) -> float:
     return math.nan
 
 
-def peak_mb(summary: dict) -> float:
-    """GPU: the allocator's peak of the run; CPU: the highest RSS seen during the run."""
-    return summary.get("peak_cuda_mb", summary["peak_rss_mb"])
+def peak_mb(summary: dict, baseline_mb: float = 0.0) -> float:
+    """GPU: the allocator's peak of the run, less what was allocated before it; CPU: the
+    highest RSS seen during the run."""
+    if "peak_cuda_mb" in summary:
+        return summary["peak_cuda_mb"] - baseline_mb
+    return summary["peak_rss_mb"]
 
 
 def row_of(name: str, runs: List[Run], target: float) -> dict:
@@ -199,7 +226,7 @@ def row_of(name: str, runs: List[Run], target: float) -> dict:
         "final_loss": [s["final_loss"] for s in summaries],
         "val_loss": [s.get("val_loss", math.nan) for s in summaries],
         "val_acc": [s.get("val_acc", math.nan) for s in summaries],
-        "peak_mb": [peak_mb(s) for s in summaries],
+        "peak_mb": [peak_mb(s, _BASELINE_MB.get(run, 0.0)) for s, run in zip(summaries, runs)],
     }
     row = {"name": name, "seeds": len(runs), "state": runs[-1].state}
     for key, values in per_seed.items():

@@ -216,11 +216,13 @@ def _train_safely(run: Run, parts: Parts) -> None:
         run.error = TrainingError(_explain(exc, run, parts), run)
         run.error.__cause__ = exc
     finally:
-        run.wall_s += time.perf_counter() - start
-        run._rng_at_end = ckpt.rng_state()
-        run._emit({"kind": "end", "state": run.state, "step": run.step,
-                   "message": run.message}, keep=False)
-        run._done.set()
+        try:
+            run.wall_s += time.perf_counter() - start
+            run._rng_at_end = ckpt.rng_state(parts.device)
+            run._emit({"kind": "end", "state": run.state, "step": run.step,
+                       "message": run.message}, keep=False)
+        finally:   # even if a broken CUDA context fails the RNG read: wait() must return
+            run._done.set()
 
 
 def _current_device(device: torch.device):

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import math
+import traceback
 from typing import Callable, Optional
 
 import torch
@@ -24,6 +26,8 @@ def release(run) -> dict:
     """Drop `run`'s optimizer state and gradients, collect garbage, empty the CUDA cache.
 
     The model and history stay; resuming afterwards restarts the optimizer's moments.
+    A failed run's error keeps its message and traceback, but not the variables of the
+    failed step's frames (loss graph, batch): `%debug` on it shows no locals afterwards.
     """
     from .telemetry import rss_bytes
     if run.running:
@@ -37,6 +41,8 @@ def release(run) -> dict:
     if run.model is not None:
         for p in run.model.parameters():
             p.grad = None
+    if run.error is not None:
+        _clear_frames(run.error)
     run.released = True
     gc.collect()
     if cuda:
@@ -45,6 +51,20 @@ def release(run) -> dict:
             "rss_freed_mb": _mb(max(rss_before - rss_bytes(), 0)),
             "cuda_reserved_freed_mb": _mb(reserved_before - (torch.cuda.memory_reserved()
                                                              if cuda else 0))}
+
+
+def _clear_frames(error: BaseException) -> None:
+    """Drop the locals of every frame in the tracebacks of `error` and its causes: a
+    failed step's frames hold its loss graph and batch, which gc.collect cannot free
+    while the run keeps the error. Frames still executing are skipped."""
+    pending, seen = [error], set()
+    while pending:
+        exc = pending.pop()
+        if exc is None or id(exc) in seen:   # a __context__ chain can loop back
+            continue
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        pending += [exc.__cause__, exc.__context__]
 
 
 def checkpointed_forward(model: torch.nn.Module, setting) -> Callable:
@@ -83,12 +103,18 @@ def saved_for_backward_bytes(forward: Callable, x: torch.Tensor) -> int:
     return total
 
 
+# A batch too big for the device shows up as more than the allocator's OutOfMemoryError:
+# cuBLAS/cuDNN failing to get workspace, or a kernel past its 32-bit index or grid limits.
+_TOO_BIG = ("out of memory", "can't allocate memory", "CUBLAS_STATUS_ALLOC_FAILED",
+            "CUDNN_STATUS_ALLOC_FAILED", "CUDNN_STATUS_NOT_SUPPORTED", "canUse32BitIndexMath",
+            "invalid configuration argument")
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` says the batch was too big for the device (rather than a bug)."""
     if isinstance(exc, torch.OutOfMemoryError):
         return True
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and ("out of memory" in text
-                                              or "can't allocate memory" in text)
+    return isinstance(exc, RuntimeError) and any(sign in str(exc) for sign in _TOO_BIG)
 
 
 def max_batch_size(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, *,
@@ -115,18 +141,20 @@ def max_batch_size(model: torch.nn.Module, train_data, loss_fn: Optional[Callabl
 
     def fits(size: int) -> bool:
         idx = torch.arange(size) % len(tensors[0])   # repeat samples past the data's length
-        batch = tuple(t[idx].to(device) for t in tensors)
+        batch = loss = None
         try:
-            with leaves_no_trace(model), autocast_context(amp, device):
-                _, loss = outputs_and_loss(model, loss_fn, batch)
-            loss.backward()
+            batch = tuple(t[idx].to(device) for t in tensors)   # copying may run out too
+            with leaves_no_trace(model):   # backward inside: no gradients left behind
+                with autocast_context(amp, device):
+                    _, loss = outputs_and_loss(model, loss_fn, batch)
+                loss.backward()
             return True
         except Exception as exc:
             if not is_out_of_memory(exc):
                 raise
             return False
         finally:
-            del batch
+            batch = loss = None   # freed before the cache is emptied
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -149,12 +177,15 @@ def leaves_no_trace(model: torch.nn.Module):
     """A trial forward/backward that changes nothing: no gradients left, buffers (e.g.
     BatchNorm statistics) and the RNG (dropout) as they were."""
     buffers = [b.detach().clone() for b in model.buffers()]
-    rng = torch.get_rng_state()
+    # dropout on a GPU draws from that GPU's generator; devices=[] forks only the CPU's
+    # (and never initializes CUDA for a CPU model)
+    cuda = sorted({t.device.index for t in itertools.chain(model.parameters(), model.buffers())
+                   if t.device.type == "cuda"})
     try:
-        yield
+        with torch.random.fork_rng(devices=cuda, device_type="cuda"):
+            yield
     finally:
         model.zero_grad(set_to_none=True)
         with torch.no_grad():
             for saved, buf in zip(buffers, model.buffers()):
                 buf.copy_(saved)
-        torch.set_rng_state(rng)
