@@ -36,7 +36,8 @@ def test_ctrl_c_stops_at_the_step_boundary(blobs, monkeypatch):
     monkeypatch.setattr(nt.Run, "_emit", emit_then_press_ctrl_c)
     run = nt.fit(mlp(), blobs, F.cross_entropy, config=quick(max_steps=50, log_every=1),
                  progress=False)
-    assert run.state == "interrupted" and run.step == 7
+    # records arrive an interval late: step 7's is emitted as step 8 closes its interval
+    assert run.state == "interrupted" and run.step == 8
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # handler restored
 
 
@@ -132,7 +133,8 @@ class NaNAfter(nn.Module):
 def test_non_finite_loss_stops_and_names_the_step(blobs):
     run = nt.fit(NaNAfter(13), blobs, F.cross_entropy, config=quick(max_steps=100, log_every=5),
                  progress=False)
-    assert run.state == "stopped" and run.step == 15
+    # found when the interval of steps 11-15 is read, as the epoch's last one (16) closes
+    assert run.state == "stopped" and run.step == 16
     assert "non-finite at step 13" in run.message
     assert "non-finite at step 13" in run.summary_text()
 
@@ -212,10 +214,7 @@ def test_the_loop_reads_the_host_once_per_interval(blobs, monkeypatch):
 
 def test_resume_with_a_new_lr_uses_it(blobs):
     cfg = quick(max_steps=10, log_every=1)
-    run = nt.fit(mlp(), blobs, F.cross_entropy, config=cfg.replace(max_steps=10), progress=False,
-                 background=True)
-    run.subscribe(lambda r: r.get("step") == 4 and run.stop())
-    run.wait()
+    run = nt.fit(mlp(), blobs, F.cross_entropy, config=cfg.replace(max_steps=4), progress=False)
     resumed = nt.fit(mlp(), blobs, F.cross_entropy, config=cfg.replace(lr=0.5), resume=run,
                      progress=False)
     assert resumed.records("train")[-1]["lr"] == 0.5
@@ -234,3 +233,17 @@ def test_background_run_reports_running_at_once(blobs):
     assert run.state == "running"
     run.wait()
     assert run.state == "finished"
+
+
+def test_an_interval_is_read_only_after_the_next_one_is_queued(blobs, monkeypatch):
+    """On a GPU, reading a loss waits for the queue to drain: reading interval i once the
+    steps of i+1 are queued keeps the GPU busy while the host waits."""
+    model, reads = NaNAfter(bad=-1), []   # counts forward calls, never goes non-finite
+    original = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist",
+                        lambda self: reads.append(model.calls) or original(self))
+    run = nt.fit(model, blobs, F.cross_entropy, progress=False,
+                 config=quick(max_steps=15, log_every=5, shuffle=False))
+    monkeypatch.undo()
+    assert reads == [10, 15, 15]   # steps 1-5 read after step 10; the last at the end
+    assert [r["step"] for r in run.records("train")] == [5, 10, 15]

@@ -232,13 +232,27 @@ def _current_device(device: torch.device):
 
 
 def _train(run: Run, parts: Parts) -> None:
-    cfg, model, opt = run.config, run.model, run.optimizer
-    model.train()
-    meter = Interval(parts.device, run.step, cfg.telemetry)
+    meter = Interval(parts.device, run.step, run.config.telemetry)
     if parts.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(parts.device)   # peak of this run, not the kernel's
+    try:
+        _epochs(run, parts, meter)
+    except BaseException:
+        # the last interval's record, unless the device cannot be read any more: the
+        # error that ended the run is the one to report
+        with contextlib.suppress(Exception):
+            _flush(run, meter)
+        raise
+    _flush(run, meter)
+    if run.config.checkpoint_dir:
+        run.save(ckpt.path_in(run.config.checkpoint_dir))
+
+
+def _epochs(run: Run, parts: Parts, meter: Interval) -> None:
+    cfg, model, opt = run.config, run.model, run.optimizer
+    model.train()
     run._stage = "load"
-    while run.step < run.total_steps:
+    while run.step < run.total_steps and not run._stop.is_set():
         windows = _windows(parts.batches.epoch(run.epoch, run.batch_in_epoch), cfg.grad_accum_steps)
         while run.step < run.total_steps:
             # --- next batch(es): time spent here is time the model waited for data
@@ -258,10 +272,11 @@ def _train(run: Run, parts: Parts) -> None:
             run.step += 1
             run.batch_in_epoch += len(window)
             run._stage = "load"
-            # --- log: the one host read of the interval happens in meter.close
+            # --- log: the previous interval's one host read happens in meter.close
             if meter.steps == cfg.log_every:
                 _log(run, meter, lr)
             if cfg.checkpoint_every and cfg.checkpoint_dir and run.step % cfg.checkpoint_every == 0:
+                _flush(run, meter)   # the checkpoint's history is complete to its step
                 run.save(ckpt.path_in(cfg.checkpoint_dir))
             # --- termination
             if run._stop.is_set():
@@ -271,13 +286,13 @@ def _train(run: Run, parts: Parts) -> None:
         if run.batch_in_epoch >= len(parts.batches):   # the epoch ran to its end
             if meter.steps:   # close the epoch's last, shorter interval before validating
                 _log(run, meter, run.schedule.lr(run.step - 1))
+            if parts.val_batches is not None:   # validation reads the device anyway
+                _flush(run, meter)
             _validate(run, parts)
             meter.reset(run.step)   # validation time is not the next interval's training time
             run.epoch, run.batch_in_epoch = run.epoch + 1, 0
     if meter.steps:
         _log(run, meter, run.schedule.lr(run.step - 1))
-    if cfg.checkpoint_dir:
-        run.save(ckpt.path_in(cfg.checkpoint_dir))
 
 
 def _windows(batches, size: int):
@@ -358,17 +373,28 @@ def _batch_len(batch) -> int:
 
 
 def _log(run: Run, meter: Interval, lr: float) -> None:
-    record = meter.close(run.step, run.epoch, lr)
-    if meter.timed:
-        record.update(meter.memory.read())
+    """Close the interval and emit the one before it (see Interval)."""
+    _emit_train(run, meter.close(run.step, run.epoch, lr), meter.timed)
+    meter.reset(run.step)
+
+
+def _flush(run: Run, meter: Interval) -> None:
+    """Emit the last closed interval's record now (it waits for the device)."""
+    _emit_train(run, meter.flush(), meter.timed)
+
+
+def _emit_train(run: Run, record: Optional[dict], timed: bool) -> None:
+    if record is None:
+        return
+    if timed:
         record["diagnosis"] = diagnose(record, run.resolved)
     run._emit(record)
-    if record.get("first_nonfinite_step") is not None and run.config.on_nan == "stop":
+    if record.get("first_nonfinite_step") is not None and run.config.on_nan == "stop" \
+            and not run._stop.is_set():   # the first non-finite step is the one to name
         run.message = (f"loss became non-finite at step {record['first_nonfinite_step']}; "
                        f"training stopped at step {run.step}. Lower lr, set clip_grad_norm, "
                        "or use on_nan='skip' to skip such steps.")
         run._stop.set()
-    meter.reset(run.step)
 
 
 # -- validation ---------------------------------------------------------------------------------

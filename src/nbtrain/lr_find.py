@@ -4,8 +4,9 @@ rate too small to matter to one that makes the loss diverge, and read a good LR 
 loss curve.
 
 The sweep is a real nbtrain run (same data path, precision, optimizer and device as
-training): the config's schedule is replaced by a constant LR that a subscriber raises
-after each step with `Run.set_lr`, and stops once the loss diverges.
+training) whose schedule is the sweep's exponential one, a function of the step like
+every nbtrain schedule: the loop never waits for a loss to set the next LR. A
+subscriber reads the losses and stops the run once they diverge.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from .compare import display_with_figure, fresh_model
 from .config import as_config
 from .loop import fit
 from .run import Run
+from .schedule import Schedule
 
 SMOOTHING = 0.9          # EMA factor of the divergence check: ~10 steps of memory
 MIN_STEPS = 10           # never call divergence before this many steps
@@ -42,8 +44,8 @@ def lr_find(make_model, train_data, loss_fn: Optional[Callable] = None, *, confi
                        max_steps=num_steps, log_every=1, on_nan="stop", checkpoint_dir=None,
                        checkpoint_every=None)
     sweep = Sweep(start_lr, (end_lr / start_lr) ** (1 / (num_steps - 1)), diverge)
-    # log_every=1: one record (and one host read of the loss) per step, which the sweep
-    # needs to set the next LR; `progress=sweep.attach` subscribes before the first step.
+    # log_every=1: a record (the loss) per step for the curve; `progress=sweep.attach`
+    # sets the schedule and subscribes before the first step.
     run = fit(fresh_model(make_model), train_data, loss_fn, config=cfg, progress=sweep.attach)
     return LRFind(sweep.lrs, sweep.losses, sweep.diverged, run, base, (start_lr, end_lr))
 
@@ -74,6 +76,7 @@ class Sweep:
 
     def attach(self, run: Run) -> None:
         self.run = run
+        run.schedule = ExponentialSweep(run.schedule, self.start_lr, self.factor)
         run.subscribe(self.on_record)
 
     def on_record(self, record: dict) -> None:
@@ -90,8 +93,17 @@ class Sweep:
                                          and smooth > self.diverge * self._best):
             self.diverged = True
             self.run.stop()
-            return
-        self.run.set_lr(self.start_lr * self.factor ** record["step"])   # LR of the next step
+
+
+class ExponentialSweep(Schedule):
+    """LR `start_lr * factor**step`: it grows, which no training schedule does."""
+
+    def __init__(self, schedule: Schedule, start_lr: float, factor: float):
+        super().__init__(schedule.cfg, schedule.total_steps)
+        self.start_lr, self.factor = start_lr, factor
+
+    def lr(self, step: int) -> float:
+        return self.start_lr * self.factor ** step
 
 
 # -- reading the curve -------------------------------------------------------------------------

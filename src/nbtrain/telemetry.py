@@ -7,6 +7,7 @@ import math
 import os
 import sys
 import time
+from typing import Optional
 
 import torch
 
@@ -91,11 +92,14 @@ class NoTimer:
 class Interval:
     """Loss, samples and time split of the steps since the last record.
 
-    Losses stay on the device (detached, so no graph is kept); `close` reads them with
-    one `.tolist()` per interval (the only host sync of a normal interval), which also
-    gives the exact step of a first non-finite loss. Each step's time is split into copy
-    (host-to-device) and compute (forward, backward, update); data wait is measured by
-    the loop around its `next()`.
+    Losses stay on the device (detached, so no graph is kept). `close` ends an interval
+    and returns the record of the one before it: reading an interval's losses and timings
+    waits for the device to finish them, and reading the previous one's leaves the device
+    this interval's work to run meanwhile, so logging never drains a GPU's queue. That
+    one `.tolist()` per interval is the loop's only host read, and it gives the exact
+    step of a first non-finite loss. `flush` returns the last record. Each step's time is
+    split into copy (host-to-device) and compute (forward, backward, update); data wait
+    is measured by the loop around its `next()`.
     """
 
     def __init__(self, device: torch.device, start_step: int, timed: bool = True):
@@ -105,6 +109,7 @@ class Interval:
             functools.partial(CudaTimer, device) if device.type == "cuda" else HostTimer)
         self.memory = MemorySampler(device)
         self.t_start = time.perf_counter()
+        self._ended = None
         self.reset(start_step)
 
     def reset(self, start_step: int) -> None:
@@ -128,24 +133,49 @@ class Interval:
         self.steps += 1
         self.micro_ends.append(self.micro)
 
-    def close(self, step: int, epoch: int, lr: float) -> dict:
-        values = torch.stack(self.losses).float().tolist() if self.losses else []   # host sync
-        copy_s, compute_s = self.timer.totals()
+    def close(self, step: int, epoch: int, lr: float) -> Optional[dict]:
+        """End this interval (then `reset` it); the previous interval's record, if any."""
+        ended = EndedInterval(self, step, epoch, lr)
+        record = self.flush()
+        self._ended = ended
+        return record
+
+    def flush(self) -> Optional[dict]:
+        """The record of the interval closed last (waits for its device values), once."""
+        ended, self._ended = self._ended, None
+        return ended.record() if ended is not None else None
+
+
+class EndedInterval:
+    """A closed interval: its host-side figures, and its device values on their way."""
+
+    def __init__(self, interval: Interval, step: int, epoch: int, lr: float):
         now = time.perf_counter()
-        elapsed = max(now - self.t0, 1e-9)
-        finite = [v for v in values if math.isfinite(v)]
-        record = {
-            "kind": "train", "step": step, "epoch": epoch,
-            "loss": sum(finite) / len(finite) if finite else math.nan,
-            "lr": lr, "samples": self.samples, "steps": self.steps,
-            "samples_per_s": self.samples / elapsed, "steps_per_s": self.steps / elapsed,
-            "step_time_s": elapsed / max(self.steps, 1),
-            "data_wait_s": self.data_wait_s / max(self.steps, 1),
-            "data_wait_frac": min(self.data_wait_s / elapsed, 1.0),
-            "interval_s": elapsed, "time_s": now - self.t_start,
+        elapsed = max(now - interval.t0, 1e-9)
+        steps = max(interval.steps, 1)
+        self.fields = {   # in the order records have always had; loss comes in record()
+            "kind": "train", "step": step, "epoch": epoch, "loss": math.nan, "lr": lr,
+            "samples": interval.samples, "steps": interval.steps,
+            "samples_per_s": interval.samples / elapsed, "steps_per_s": interval.steps / elapsed,
+            "step_time_s": elapsed / steps, "data_wait_s": interval.data_wait_s / steps,
+            "data_wait_frac": min(interval.data_wait_s / elapsed, 1.0),
+            "interval_s": elapsed, "time_s": now - interval.t_start,
         }
-        if self.timed:
-            steps = max(self.steps, 1)
+        self.skipped = interval.skipped
+        self.memory = interval.memory.read() if interval.timed else {}
+        self.timer = interval.timer if interval.timed else None
+        self.start_step, self.micro_ends = interval.start_step, interval.micro_ends
+        self.losses, self.ready = _start_reading(interval.losses)
+
+    def record(self) -> dict:
+        if self.ready is not None:
+            self.ready.synchronize()
+        values = self.losses.tolist() if self.losses is not None else []   # the host read
+        finite = [v for v in values if math.isfinite(v)]
+        record = dict(self.fields, loss=sum(finite) / len(finite) if finite else math.nan)
+        if self.timer is not None:
+            copy_s, compute_s = self.timer.totals()
+            steps, elapsed = max(record["steps"], 1), record["interval_s"]
             record.update(copy_s=copy_s / steps, compute_s=compute_s / steps,
                           copy_frac=min(copy_s / elapsed, 1.0),
                           compute_frac=min(compute_s / elapsed, 1.0))
@@ -155,7 +185,21 @@ class Interval:
         if bad is not None:   # 1-based number of the step that held micro-batch `bad`
             record["first_nonfinite_step"] = self.start_step + bisect.bisect_right(
                 self.micro_ends, bad) + 1
+        record.update(self.memory)
         return record
+
+
+def _start_reading(losses: list):
+    """(losses on their way to host memory, the event that says they arrived)."""
+    if not losses:
+        return None, None
+    stacked = torch.stack(losses).float()
+    if stacked.device.type != "cuda":
+        return stacked, None   # CPU: already there; MPS: read (and synced) at record time
+    host = stacked.to("cpu", non_blocking=True)   # into pinned memory, in stream order
+    ready = torch.cuda.Event()
+    ready.record(torch.cuda.current_stream(stacked.device))
+    return host, ready
 
 
 @functools.lru_cache(maxsize=1)
