@@ -247,3 +247,21 @@ def test_an_interval_is_read_only_after_the_next_one_is_queued(blobs, monkeypatc
     monkeypatch.undo()
     assert reads == [10, 15, 15]   # steps 1-5 read after step 10; the last at the end
     assert [r["step"] for r in run.records("train")] == [5, 10, 15]
+
+
+def test_a_non_finite_stop_keeps_the_last_good_checkpoint(blobs, tmp_path):
+    from nbtrain import checkpoint as ckpt
+    run = nt.fit(NaNAfter(13), blobs, F.cross_entropy, progress=False,
+                 config=quick(max_steps=100, log_every=5, checkpoint_dir=str(tmp_path),
+                              checkpoint_every=10))
+    assert run.state == "stopped" and "non-finite at step 13" in run.message
+    saved = ckpt.load(ckpt.path_in(tmp_path))
+    assert saved["position"]["step"] == 10
+    assert all(torch.isfinite(t).all() for t in saved["model"].values())
+
+
+def test_the_non_finite_message_survives_a_subscriber_that_stops_the_run(blobs):
+    run = nt.fit(NaNAfter(3), blobs, F.cross_entropy, progress=lambda r: r.subscribe(
+        lambda rec: rec.get("first_nonfinite_step") and r.stop()),
+        config=quick(max_steps=50, log_every=2))
+    assert "loss became non-finite at step 3" in run.message

@@ -2,6 +2,7 @@
 import os
 import signal
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -189,6 +190,46 @@ def test_a_worker_that_dies_names_the_sample_without_loading_it_here(death, meth
     assert "DataLoader worker (pid" in text
     assert f"sample 13 kills the process that loads it ({reason})" in text
     assert err.value.run.model is model and err.value.run.state == "failed"
+
+
+class HangsAt(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if i == 2:
+            time.sleep(30)
+        return i
+
+
+def test_the_crash_probe_names_a_sample_that_hangs_and_leaves_no_process():
+    import multiprocessing
+    from nbtrain.data.culprit import crashing_sample
+    assert crashing_sample(HangsAt(), [0, 1, 2, 3], timeout_s=1) == \
+        "sample 2 did not finish loading within 1 s"
+    assert crashing_sample(HangsAt(), [0, 1, 3]) is None   # no crash to find
+    assert multiprocessing.active_children() == []
+
+
+def test_a_failed_crash_search_keeps_the_error_it_explains(monkeypatch):
+    import nbtrain.data.culprit as culprit
+
+    def cannot_fork(*args, **kwargs):
+        raise OSError(12, "Cannot allocate memory")
+    monkeypatch.setattr(culprit, "crashing_sample", cannot_fork)
+    with pytest.raises(nt.TrainingError, match=r"DataLoader worker \(pid") as err:
+        nt.fit(nn.Linear(1, 1), Crashes("exit"), F.mse_loss, progress=False,
+               config=quick(max_steps=4, num_workers=1, shuffle=False, batch_size=8))
+    assert "kills the process" not in str(err.value) and err.value.run.state == "failed"
+
+
+def test_the_crash_search_covers_an_accumulation_window():
+    # sample 13 is in batch 3: the loop waits for the window of batches 0-3 at batch 0
+    model = nn.Linear(1, 1)
+    with pytest.raises(nt.TrainingError, match="sample 13 kills the process"):
+        nt.fit(model, Crashes("exit"), F.mse_loss, progress=False,
+               config=quick(max_steps=2, num_workers=1, prefetch_factor=1, shuffle=False,
+                            batch_size=4, grad_accum_steps=4))
 
 
 class Mixed(torch.utils.data.Dataset):

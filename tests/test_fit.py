@@ -234,7 +234,10 @@ def test_gpu_amp_counts_only_native_bf16(monkeypatch, capability, auto):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
     cuda = torch.device("cuda", 0)
     assert resolve_amp("auto", cuda)[0] == auto
-    if auto == "fp16":
+    if auto == "fp16":   # asked for, emulated bf16 runs, and says so; with no bf16 at all, no
+        assert resolve_amp("bf16", cuda) == ("bf16", "asked for (emulated on this GPU: "
+                                                     "usually slower than fp16)")
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
         with pytest.raises(nt.ConfigError, match="amp='bf16' is not supported by this GPU"):
             resolve_amp("bf16", cuda)
 

@@ -199,3 +199,17 @@ def test_validation_time_is_not_counted_as_training_time(blobs):
     after_validation = run.records("train")[-1]    # steps 17-21, just after epoch 0's validation
     assert after_validation["step"] == 21 and after_validation["steps"] == 5
     assert after_validation["interval_s"] < 0.15   # the 0.3 s of validation is not in it
+
+
+def test_the_wait_for_the_device_is_counted_in_the_intervals(blobs, monkeypatch):
+    """On a GPU the host queues steps ahead and waits when it reads them: that wait is
+    the device's time on those steps, so the records' time must add up to the run's."""
+    def gpu_like_wait(self):   # the device still has 50 ms of this interval's work
+        if not getattr(self, "waited", False):
+            time.sleep(0.05)
+            self.waited = True
+    monkeypatch.setattr(telemetry.EndedInterval, "wait", gpu_like_wait)
+    run = nt.fit(mlp(), blobs, F.cross_entropy, progress=False,
+                 config=quick(max_steps=20, log_every=2))
+    counted = sum(r["interval_s"] for r in run.records("train"))
+    assert run.wall_s > 0.5 and counted == pytest.approx(run.wall_s, rel=0.1)

@@ -75,8 +75,10 @@ def resolve_amp(requested: str, device: torch.device) -> Choice:
         if requested == "fp16" and device.type == "cpu":
             return "fp16", "asked for (on CPU fp16 autocast is usually slower than bf16)"
         if requested == "bf16" and device.type == "cuda" and not gpu_has_bf16(device):
-            raise ConfigError("TrainConfig.amp='bf16' is not supported by this GPU "
-                              f"({torch.cuda.get_device_name(device)}): use amp='fp16'.")
+            if not torch.cuda.is_bf16_supported():
+                raise ConfigError("TrainConfig.amp='bf16' is not supported by this GPU "
+                                  f"({torch.cuda.get_device_name(device)}): use amp='fp16'.")
+            return "bf16", "asked for (emulated on this GPU: usually slower than fp16)"
         return requested, "asked for"
     if device.type == "cuda":
         if gpu_has_bf16(device):

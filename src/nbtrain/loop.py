@@ -244,7 +244,13 @@ def _train(run: Run, parts: Parts) -> None:
             _flush(run, meter)
         raise
     _flush(run, meter)
-    if run.config.checkpoint_dir:
+    _save_checkpoint(run)
+
+
+def _save_checkpoint(run: Run) -> None:
+    """Write the run's checkpoint, unless its weights may be non-finite: the last good
+    checkpoint stays the one to resume from."""
+    if run.config.checkpoint_dir and not run._diverged:
         run.save(ckpt.path_in(run.config.checkpoint_dir))
 
 
@@ -277,7 +283,7 @@ def _epochs(run: Run, parts: Parts, meter: Interval) -> None:
                 _log(run, meter, lr)
             if cfg.checkpoint_every and cfg.checkpoint_dir and run.step % cfg.checkpoint_every == 0:
                 _flush(run, meter)   # the checkpoint's history is complete to its step
-                run.save(ckpt.path_in(cfg.checkpoint_dir))
+                _save_checkpoint(run)
             # --- termination
             if run._stop.is_set():
                 break
@@ -286,10 +292,10 @@ def _epochs(run: Run, parts: Parts, meter: Interval) -> None:
         if run.batch_in_epoch >= len(parts.batches):   # the epoch ran to its end
             if meter.steps:   # close the epoch's last, shorter interval before validating
                 _log(run, meter, run.schedule.lr(run.step - 1))
-            if parts.val_batches is not None:   # validation reads the device anyway
-                _flush(run, meter)
-            _validate(run, parts)
-            meter.reset(run.step)   # validation time is not the next interval's training time
+            if parts.val_batches is not None:
+                _flush(run, meter)   # validation reads the device anyway
+                _validate(run, parts)
+                meter.reset(run.step)   # validation time is not the next interval's training time
             run.epoch, run.batch_in_epoch = run.epoch + 1, 0
     if meter.steps:
         _log(run, meter, run.schedule.lr(run.step - 1))
@@ -375,7 +381,6 @@ def _batch_len(batch) -> int:
 def _log(run: Run, meter: Interval, lr: float) -> None:
     """Close the interval and emit the one before it (see Interval)."""
     _emit_train(run, meter.close(run.step, run.epoch, lr), meter.timed)
-    meter.reset(run.step)
 
 
 def _flush(run: Run, meter: Interval) -> None:
@@ -389,12 +394,14 @@ def _emit_train(run: Run, record: Optional[dict], timed: bool) -> None:
     if timed:
         record["diagnosis"] = diagnose(record, run.resolved)
     run._emit(record)
-    if record.get("first_nonfinite_step") is not None and run.config.on_nan == "stop" \
-            and not run._stop.is_set():   # the first non-finite step is the one to name
-        run.message = (f"loss became non-finite at step {record['first_nonfinite_step']}; "
-                       f"training stopped at step {run.step}. Lower lr, set clip_grad_norm, "
-                       "or use on_nan='skip' to skip such steps.")
-        run._stop.set()
+    if record.get("first_nonfinite_step") is None or run.config.on_nan != "stop" \
+            or run._diverged:   # the first non-finite step is the one to name
+        return
+    run._diverged = True
+    run.message = (f"loss became non-finite at step {record['first_nonfinite_step']}; "
+                   f"training stopped at step {run.step}. Lower lr, set clip_grad_norm, "
+                   "or use on_nan='skip' to skip such steps.")
+    run._stop.set()
 
 
 # -- validation ---------------------------------------------------------------------------------
@@ -441,7 +448,7 @@ def _is_classification(out, target) -> bool:
 # -- errors and Ctrl-C ------------------------------------------------------------------------
 def _explain(exc: Exception, run: Run, parts: Parts) -> str:
     where = f"batch {run.batch_in_epoch} of epoch {run.epoch} (step {run.step})"
-    if run._stage == "load":
+    if run._stage == "load" or worker_died(exc):   # a worker's death can land mid-step
         text = f"loading {where} failed: {type(exc).__name__}: {exc}"
         culprit = _load_culprit(exc, run, parts.batches)
         return text + (f"\n  {culprit}" if culprit else "")
@@ -453,8 +460,13 @@ def _load_culprit(exc: Exception, run: Run, batches) -> Optional[str]:
     died only in a separate process, since re-reading it here could kill the kernel."""
     source = getattr(batches, "source", batches)   # under a CudaPrefetcher
     if worker_died(exc):
-        return source.find_crashing_sample(run.epoch, run.batch_in_epoch) \
-            if hasattr(source, "find_crashing_sample") else None
+        if not hasattr(source, "find_crashing_sample"):
+            return None
+        try:   # the search must not replace the error it explains (a fork can fail too)
+            return source.find_crashing_sample(run.epoch, run.batch_in_epoch,
+                                               run.config.grad_accum_steps)
+        except Exception:
+            return None
     indices = source.sample_indices(run.epoch, run.batch_in_epoch) \
         if hasattr(source, "sample_indices") else None
     dataset = getattr(source, "dataset", None)

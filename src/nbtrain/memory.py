@@ -104,10 +104,10 @@ def saved_for_backward_bytes(forward: Callable, x: torch.Tensor) -> int:
 
 
 # A batch too big for the device shows up as more than the allocator's OutOfMemoryError:
-# cuBLAS/cuDNN failing to get workspace, or a kernel past its 32-bit index or grid limits.
+# cuBLAS/cuDNN failing to get workspace, or a kernel past its 32-bit index limit. (Not
+# errors that bugs raise as often, such as CUDNN_STATUS_NOT_SUPPORTED: those propagate.)
 _TOO_BIG = ("out of memory", "can't allocate memory", "CUBLAS_STATUS_ALLOC_FAILED",
-            "CUDNN_STATUS_ALLOC_FAILED", "CUDNN_STATUS_NOT_SUPPORTED", "canUse32BitIndexMath",
-            "invalid configuration argument")
+            "CUDNN_STATUS_ALLOC_FAILED", "canUse32BitIndexMath")
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

@@ -41,6 +41,7 @@ class Run:
         self.wall_s = 0.0
         self._stop = threading.Event()
         self._interrupted = False           # set by Ctrl-C: ends as "interrupted"
+        self._diverged = False              # a non-finite loss stopped it: weights may be too
         self._stage = "load"                # "load" or "step": where an error happened
         self._rng_at_end = None
         self.released = False

@@ -134,16 +134,30 @@ class Interval:
         self.micro_ends.append(self.micro)
 
     def close(self, step: int, epoch: int, lr: float) -> Optional[dict]:
-        """End this interval (then `reset` it); the previous interval's record, if any."""
+        """End this interval and start the next; the previous interval's record, if any.
+
+        The next interval starts before the previous one is read: the wait for the
+        device is time the device spends on its steps, so it is counted as theirs.
+        """
         ended = EndedInterval(self, step, epoch, lr)
-        record = self.flush()
-        self._ended = ended
-        return record
+        self.reset(step)
+        previous, self._ended = self._ended, ended
+        return previous.record() if previous is not None else None
 
     def flush(self) -> Optional[dict]:
-        """The record of the interval closed last (waits for its device values), once."""
+        """The record of the interval closed last, once. Outside `close`, the wait for the
+        device finishes that interval's steps, so it is added to its time, and so is the
+        time since that close while the open interval has no step yet (which includes
+        the wait inside the close)."""
         ended, self._ended = self._ended, None
-        return ended.record() if ended is not None else None
+        if ended is None:
+            return None
+        start = self.t0 if self.steps == 0 else time.perf_counter()
+        ended.wait()
+        now = time.perf_counter()
+        if self.steps == 0:
+            self.t0 = now   # the open interval starts after the time it handed back
+        return ended.record(waited_s=now - start)
 
 
 class EndedInterval:
@@ -151,31 +165,37 @@ class EndedInterval:
 
     def __init__(self, interval: Interval, step: int, epoch: int, lr: float):
         now = time.perf_counter()
-        elapsed = max(now - interval.t0, 1e-9)
-        steps = max(interval.steps, 1)
-        self.fields = {   # in the order records have always had; loss comes in record()
-            "kind": "train", "step": step, "epoch": epoch, "loss": math.nan, "lr": lr,
-            "samples": interval.samples, "steps": interval.steps,
-            "samples_per_s": interval.samples / elapsed, "steps_per_s": interval.steps / elapsed,
-            "step_time_s": elapsed / steps, "data_wait_s": interval.data_wait_s / steps,
-            "data_wait_frac": min(interval.data_wait_s / elapsed, 1.0),
-            "interval_s": elapsed, "time_s": now - interval.t_start,
-        }
-        self.skipped = interval.skipped
+        self.step, self.epoch, self.lr = step, epoch, lr
+        self.samples, self.steps, self.skipped = interval.samples, interval.steps, interval.skipped
+        self.data_wait_s = interval.data_wait_s
+        self.elapsed, self.time_s = max(now - interval.t0, 1e-9), now - interval.t_start
         self.memory = interval.memory.read() if interval.timed else {}
         self.timer = interval.timer if interval.timed else None
         self.start_step, self.micro_ends = interval.start_step, interval.micro_ends
         self.losses, self.ready = _start_reading(interval.losses)
 
-    def record(self) -> dict:
+    def wait(self) -> None:
+        """Until the device has run the interval's steps and copied their losses back."""
         if self.ready is not None:
             self.ready.synchronize()
+            self.ready = None
+
+    def record(self, waited_s: float = 0.0) -> dict:
+        self.wait()
         values = self.losses.tolist() if self.losses is not None else []   # the host read
         finite = [v for v in values if math.isfinite(v)]
-        record = dict(self.fields, loss=sum(finite) / len(finite) if finite else math.nan)
+        elapsed, steps = self.elapsed + waited_s, max(self.steps, 1)
+        record = {
+            "kind": "train", "step": self.step, "epoch": self.epoch,
+            "loss": sum(finite) / len(finite) if finite else math.nan, "lr": self.lr,
+            "samples": self.samples, "steps": self.steps,
+            "samples_per_s": self.samples / elapsed, "steps_per_s": self.steps / elapsed,
+            "step_time_s": elapsed / steps, "data_wait_s": self.data_wait_s / steps,
+            "data_wait_frac": min(self.data_wait_s / elapsed, 1.0),
+            "interval_s": elapsed, "time_s": self.time_s + waited_s,
+        }
         if self.timer is not None:
             copy_s, compute_s = self.timer.totals()
-            steps, elapsed = max(record["steps"], 1), record["interval_s"]
             record.update(copy_s=copy_s / steps, compute_s=compute_s / steps,
                           copy_frac=min(copy_s / elapsed, 1.0),
                           compute_frac=min(compute_s / elapsed, 1.0))

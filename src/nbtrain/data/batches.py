@@ -117,12 +117,13 @@ class LoaderBatches:
     def sample_indices(self, epoch: int, batch: int) -> List[int]:
         return self.sampler.sample_indices(epoch, batch)
 
-    def find_crashing_sample(self, epoch: int, batch: int) -> Optional[str]:
-        """After a worker died waiting for `batch`: the sample that kills a loading process,
-        among the batches the workers may have been loading (up to prefetch_factor each)."""
+    def find_crashing_sample(self, epoch: int, batch: int, window: int = 1) -> Optional[str]:
+        """After a worker died while the loop waited for the `window` batches from `batch`
+        on: the sample that kills a loading process, among the batches the workers may
+        have been loading (up to prefetch_factor each)."""
         from .culprit import crashing_sample
         loader = self.loader
-        ahead = max(1, loader.num_workers) * (loader.prefetch_factor or 1)
+        ahead = max(1, loader.num_workers) * (loader.prefetch_factor or 1) + window - 1
         batches = range(batch, min(batch + ahead, len(self)))
         indices = [i for b in batches for i in self.sampler.sample_indices(epoch, b)]
         return crashing_sample(self.dataset, indices, loader.multiprocessing_context)

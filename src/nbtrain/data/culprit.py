@@ -5,7 +5,6 @@ from __future__ import annotations
 import multiprocessing
 import re
 import signal
-import time
 from typing import List, Optional
 
 
@@ -16,24 +15,28 @@ def worker_died(exc: BaseException) -> bool:
 
 
 def crashing_sample(dataset, indices: List[int], context=None,
-                    timeout_s: float = 120.0) -> Optional[str]:
+                    timeout_s: float = 60.0) -> Optional[str]:
     """Load `indices` one at a time in a throwaway process and name the sample it dies on.
 
     Never in this process: the sample that killed a worker would take the notebook's
     kernel down with it. None when the probe loads them all (the crash did not repeat).
+    `timeout_s` is per sample: a sample that hangs is named as such.
     """
     ctx = context or multiprocessing.get_context()
     receive, send = ctx.Pipe(duplex=False)
     probe = ctx.Process(target=_load_each, args=(dataset, indices, send), daemon=True)
     probe.start()
-    send.close()   # the probe holds the only writer: its death ends the pipe
-    loading = _last_started(receive, time.monotonic() + timeout_s)
-    probe.join(timeout=5)
-    if probe.is_alive():
-        probe.kill()
-        probe.join()
-        return None if loading is None else \
-            f"sample {loading} did not finish loading within {timeout_s:.0f} s"
+    try:
+        send.close()   # the probe holds the only writer: its death ends the pipe
+        loading, hung = _last_started(receive, timeout_s)
+        probe.join(timeout=5)
+    finally:   # on a timeout or a Ctrl-C too: leave no probe behind
+        if probe.is_alive():
+            probe.kill()
+            probe.join()
+        receive.close()
+    if hung:
+        return f"sample {loading} did not finish loading within {timeout_s:.0f} s"
     if loading is None or probe.exitcode == 0:
         return None
     return (f"sample {loading} kills the process that loads it ({_death(probe.exitcode)}); "
@@ -42,17 +45,18 @@ def crashing_sample(dataset, indices: List[int], context=None,
             f"torch.utils.data.Subset")
 
 
-def _last_started(receive, deadline: float):
-    """The index the probe last began loading; None once it reports all loaded."""
+def _last_started(receive, timeout_s: float):
+    """(the index the probe last began loading, None once it reports all loaded;
+    whether that sample took longer than `timeout_s`)."""
     loading = None
     try:
-        while receive.poll(max(0.0, deadline - time.monotonic())):
+        while receive.poll(timeout_s):
             loading = receive.recv()
             if loading is None:
-                break
+                return None, False
     except EOFError:   # the probe died mid-sample
-        pass
-    return loading
+        return loading, False
+    return loading, loading is not None
 
 
 def _load_each(dataset, indices, send) -> None:
@@ -68,5 +72,8 @@ def _load_each(dataset, indices, send) -> None:
 def _death(exitcode: int) -> str:
     if exitcode >= 0:
         return f"exit code {exitcode}"
-    name = signal.Signals(-exitcode).name
+    try:
+        name = signal.Signals(-exitcode).name
+    except ValueError:   # a real-time signal has no name
+        return f"signal {-exitcode}"
     return name + (", most often the out-of-memory killer" if name == "SIGKILL" else "")
