@@ -265,3 +265,17 @@ def test_the_non_finite_message_survives_a_subscriber_that_stops_the_run(blobs):
         lambda rec: rec.get("first_nonfinite_step") and r.stop()),
         config=quick(max_steps=50, log_every=2))
     assert "loss became non-finite at step 3" in run.message
+
+
+def test_a_record_shows_the_lr_its_steps_ran_with(blobs):
+    runs, calls = [], {"n": 0}
+
+    def loss_that_changes_the_lr(out, y):   # during step 16, the epoch's last
+        calls["n"] += 1
+        if calls["n"] == 16:
+            runs[0].set_lr(0.5)
+        return F.cross_entropy(out, y)
+    run = nt.fit(mlp(), blobs, loss_that_changes_the_lr, progress=runs.append,
+                 config=quick(max_steps=20, log_every=5, scheduler="constant", warmup_steps=0))
+    lrs = {r["step"]: r["lr"] for r in run.records("train")}
+    assert lrs[16] == 0.01 and lrs[20] == 0.5

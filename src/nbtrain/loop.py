@@ -291,14 +291,14 @@ def _epochs(run: Run, parts: Parts, meter: Interval) -> None:
             break
         if run.batch_in_epoch >= len(parts.batches):   # the epoch ran to its end
             if meter.steps:   # close the epoch's last, shorter interval before validating
-                _log(run, meter, run.schedule.lr(run.step - 1))
+                _log(run, meter, _applied_lr(opt))
             if parts.val_batches is not None:
                 _flush(run, meter)   # validation reads the device anyway
                 _validate(run, parts)
                 meter.reset(run.step)   # validation time is not the next interval's training time
             run.epoch, run.batch_in_epoch = run.epoch + 1, 0
     if meter.steps:
-        _log(run, meter, run.schedule.lr(run.step - 1))
+        _log(run, meter, _applied_lr(opt))
 
 
 def _windows(batches, size: int):
@@ -376,6 +376,11 @@ def _batch_len(batch) -> int:
     if isinstance(batch, dict):
         batch = next(iter(batch.values()))
     return len(batch)
+
+
+def _applied_lr(opt) -> float:
+    """The LR the last step ran with (the schedule may have changed since: set_lr)."""
+    return opt.param_groups[0]["lr"]
 
 
 def _log(run: Run, meter: Interval, lr: float) -> None:
