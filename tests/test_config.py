@@ -13,6 +13,7 @@ from nbtrain import ConfigError, TrainConfig
     ("lr", -1.0, "a number > 0"),
     ("device", "gpu", "'cuda:N'"),
     ("num_workers", -1, "'auto' or a whole number >= 0"),
+    ("num_threads", 0, "'auto' or a whole number >= 1"),
     ("pin_memory", "yes", "True, False or 'auto'"),
     ("betas", (0.9, 1.5), "two numbers in [0, 1)"),
     ("on_nan", "ignore", "'stop', 'skip'"),

@@ -371,3 +371,37 @@ def test_prefetcher_raises_a_load_error_at_the_batch_that_failed(monkeypatch):
     assert [int(next(batches)[0]) for _ in range(2)] == [0, 1]   # batch 1 still trains
     with pytest.raises(ValueError, match="batch 2 is corrupt"):
         next(batches)
+
+
+class ThreadsSeen(nn.Linear):
+    """Records torch's intra-op thread count while it trains."""
+
+    def __init__(self):
+        super().__init__(1, 1)
+        self.threads = set()
+
+    def forward(self, x):
+        self.threads.add(torch.get_num_threads())
+        return super().forward(x)
+
+
+@pytest.fixture
+def three_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("workers, asked, during", [(2, "auto", 2), (0, "auto", 3), (0, 2, 2)])
+def test_training_threads_leave_the_cores_to_workers(monkeypatch, three_threads,
+                                                     workers, asked, during):
+    monkeypatch.setattr("nbtrain.data.available_cores", lambda: 4)
+    model = ThreadsSeen()
+    run = nt.fit(model, Squares(), F.mse_loss, progress=False,
+                 config=quick(max_steps=3, num_workers=workers, num_threads=asked))
+    assert model.threads == {during} and run.resolved["num_threads"][0] == during
+    assert torch.get_num_threads() == 3   # the notebook's setting is back
+    if workers:
+        assert run.resolved["num_threads"][1] == \
+            "2 worker process(es) load on the other cores: training keeps 2 of 4"

@@ -147,6 +147,7 @@ OPTIONS = [
     ("--no-pin", dict(pin_memory=False)),
     ("--workers 2", dict(num_workers=2)),
     ("--workers auto", dict(num_workers="auto")),
+    ("--threads 1", dict(num_threads=1)),
     ("--workers 2 --prefetch 4", dict(num_workers=2, prefetch_factor=4)),
     ("--workers 2 --persistent", dict(num_workers=2, persistent_workers=True)),
     ("--no-persistent", dict(persistent_workers=False)),
@@ -190,7 +191,7 @@ def test_option_table_covers_every_config_option():
     in_magic = {a.dest for a in parser._actions if a.dest in FIELD_NAMES}
     tested = {name for _, changes in OPTIONS for name in changes}
     assert in_magic == tested
-    assert len(in_magic) == 25
+    assert len(in_magic) == 26
 
 
 def test_defaults_come_from_trainconfig(ip, calls):

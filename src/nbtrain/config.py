@@ -47,6 +47,7 @@ class TrainConfig:
     # --- data path (fewer, larger, pinned, asynchronous copies) ---------------------
     pin_memory: Union[bool, str] = "auto"
     num_workers: Union[int, str] = "auto"
+    num_threads: Union[int, str] = "auto"  # CPU: intra-op threads while training (workers share the cores)
     prefetch_factor: Optional[int] = None  # batches each worker loads ahead (workers > 0)
     persistent_workers: bool = False
     multiprocessing_context: Optional[str] = None  # fork | spawn | forkserver
@@ -222,6 +223,9 @@ def _check_data_path(cfg: TrainConfig) -> None:
     workers = cfg.num_workers
     if not (workers == "auto" or (_is_int(workers) and workers >= 0)):
         _fail("num_workers", workers, "'auto' or a whole number >= 0")
+    threads = cfg.num_threads
+    if not (threads == "auto" or (_is_int(threads) and threads >= 1)):
+        _fail("num_threads", threads, "'auto' or a whole number >= 1")
     if workers == 0 and cfg.persistent_workers:
         _fail("persistent_workers", True, "False when num_workers=0 (there are no workers to keep)")
     if workers == 0 and cfg.prefetch_factor is not None:

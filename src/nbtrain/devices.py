@@ -140,3 +140,19 @@ def measure_bf16_speedup(step, reps: int = 3) -> float:
             step(amp)
             best[amp] = min(best[amp], time.perf_counter() - start)
     return best["off"] / best["bf16"]
+
+
+def resolve_threads(requested, device: torch.device, workers: int) -> Choice:
+    """Intra-op threads for the run. Worker processes load on the same cores as a CPU
+    run's matmuls: both at full width oversubscribe them (bench/threads.py: 1 worker on
+    2 cores ran 1.8x faster with 1 training thread than with 2)."""
+    current = torch.get_num_threads()
+    if requested != "auto":
+        return requested, "asked for"
+    if device.type != "cpu" or workers == 0:
+        return current, "torch's setting: no worker process shares the cores with training"
+    from .data import available_cores
+    cores = available_cores()
+    threads = max(1, min(current, cores - workers))
+    return threads, (f"{workers} worker process(es) load on the other cores: training keeps "
+                     f"{threads} of {cores}")

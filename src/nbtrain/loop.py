@@ -17,7 +17,8 @@ from .config import ConfigError, TrainConfig, as_config
 from .data import (describe_bad_sample, first_batch, make_batches, make_mover,
                    prefetch_to_device, resolve_prefetch)
 from .data.culprit import worker_died
-from .devices import autocast_context, cpu_bf16_choice, resolve_amp, resolve_device
+from .devices import (autocast_context, cpu_bf16_choice, resolve_amp, resolve_device,
+                      resolve_threads)
 from .memory import checkpointed_forward, leaves_no_trace, release
 from .optim import build_optimizer, resolve_impl
 from .run import Run, TrainingError
@@ -114,6 +115,8 @@ def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Parts:
     run.resolved["amp"] = resolve_amp(cfg.amp, device)
     run.resolved["optimizer_impl"] = resolve_impl(cfg, device)
     batches = make_batches(train_data, cfg, device, run.resolved)
+    run.resolved["num_threads"] = resolve_threads(cfg.num_threads, device,
+                                                  run.resolved["num_workers"][0])
     val_batches, val_resolved = None, {}
     if val_data is not None:
         # data_on_device=True is about the training data: validation data that cannot live
@@ -204,7 +207,7 @@ def _train_safely(run: Run, parts: Parts) -> None:
     start = time.perf_counter()
     run.state = "running"
     try:
-        with _current_device(parts.device):
+        with _current_device(parts.device), _intra_op_threads(run.resolved["num_threads"][0]):
             _train(run, parts)
         run.state = "interrupted" if run._interrupted else (
             "stopped" if run._stop.is_set() or run.message else "finished")
@@ -229,6 +232,19 @@ def _current_device(device: torch.device):
     """Make `device` this thread's current CUDA device: a background thread starts on
     device 0, and streams, events and kernels without a device go to the current one."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _intra_op_threads(threads: int):
+    """torch's thread count for the run, then the notebook's again (it is process-wide)."""
+    before = torch.get_num_threads()
+    if threads != before:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
 
 
 def _train(run: Run, parts: Parts) -> None:

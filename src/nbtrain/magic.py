@@ -36,7 +36,7 @@ def _default(name: str) -> str:
 
 
 def _workers(text: str):
-    """--workers: 'auto' or a whole number; TrainConfig checks the range."""
+    """--workers, --threads: 'auto' or a whole number; TrainConfig checks the range."""
     if text == "auto":
         return text
     try:
@@ -109,6 +109,8 @@ class FastTrainMagics(Magics):
                f"{_default('pin_memory')}")
     @_arg("--workers", dest="num_workers", type=_workers, metavar="N|auto",
           help=f"DataLoader worker processes {_default('num_workers')}")
+    @_arg("--threads", dest="num_threads", type=_workers, metavar="N|auto",
+          help=f"CPU threads for training, leaving cores to the workers {_default('num_threads')}")
     @_arg("--prefetch", dest="prefetch_factor", type=int, metavar="N",
           help=f"batches each worker loads ahead {_default('prefetch_factor')}")
     @_arg("--persistent", dest="persistent_workers", action=_flag,
