@@ -94,7 +94,7 @@ def test_every_toggle_of_the_issue_has_a_control(make_panel):
 def test_controls_write_the_config(make_panel):
     panel = make_panel()
     for field, value in [("amp", "bf16"), ("pin_memory", True), ("num_workers", 2),
-                         ("prefetch_factor", 4), ("persistent_workers", True),
+                         ("num_threads", 1), ("prefetch_factor", 4), ("persistent_workers", True),
                          ("data_on_device", False), ("batch_size", 128), ("epochs", 3),
                          ("max_steps", ""), ("optimizer", "sgd"), ("lr", 0.05),
                          ("weight_decay", 1e-4), ("momentum", 0.8), ("nesterov", True),
@@ -104,7 +104,7 @@ def test_controls_write_the_config(make_panel):
         assert panel.error == "", (field, panel.error)
     c = panel.config
     assert (c.amp, c.pin_memory, c.num_workers, c.prefetch_factor, c.persistent_workers) == \
-        ("bf16", True, 2, 4, True)
+        ("bf16", True, 2, 4, True) and c.num_threads == 1
     assert (c.data_on_device, c.batch_size, c.epochs, c.max_steps) == (False, 128, 3, None)
     assert (c.optimizer, c.lr, c.weight_decay, c.momentum, c.nesterov) == ("sgd", 0.05, 1e-4, 0.8, True)
     assert (c.scheduler, c.warmup_steps, c.min_lr, c.cycle_steps) == ("cyclic", 10, 1e-4, 40)

@@ -47,7 +47,7 @@ class TrainConfig:
     # --- data path (fewer, larger, pinned, asynchronous copies) ---------------------
     pin_memory: Union[bool, str] = "auto"
     num_workers: Union[int, str] = "auto"
-    num_threads: Union[int, str] = "auto"  # CPU: intra-op threads while training (workers share the cores)
+    num_threads: Union[int, str] = "auto"  # CPU threads for training; workers share the cores
     prefetch_factor: Optional[int] = None  # batches each worker loads ahead (workers > 0)
     persistent_workers: bool = False
     multiprocessing_context: Optional[str] = None  # fork | spawn | forkserver

@@ -141,6 +141,7 @@ def build_controls(widgets, config: TrainConfig) -> Dict[str, List[Control]]:
             b.choice("amp", "mixed precision", list(AMP_MODES)),
             b.choice("pin_memory", "pin memory", AUTO_ON_OFF),
             b.choice("num_workers", "loader workers", ["auto", 0, 1, 2, 4, 8]),
+            b.choice("num_threads", "CPU threads", ["auto", 1, 2, 4, 8]),
             b.choice("prefetch_factor", "prefetch factor", [("default", None), 1, 2, 4, 8]),
             b.flag("persistent_workers", "persistent workers"),
             b.choice("data_on_device", "data on device", AUTO_ON_OFF),
