@@ -9,15 +9,13 @@ import nbtrain as nt
 from nbtrain.config import TrainConfig
 from nbtrain.data import make_batches
 
-from conftest import mlp
+from conftest import mlp, quick
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 def gpu(**overrides) -> nt.TrainConfig:
-    base = dict(device="cuda", amp="off", batch_size=64, lr=1e-2, log_every=5, seed=0)
-    base.update(overrides)
-    return nt.TrainConfig(**base)
+    return quick(**{"device": "cuda", "batch_size": 64, **overrides})
 
 
 class Rows(torch.utils.data.Dataset):   # per-sample: goes through a DataLoader

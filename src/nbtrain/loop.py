@@ -361,8 +361,7 @@ def _step(run: Run, parts: Parts, window, meter: Interval) -> None:
 
 def _all_finite(losses) -> bool:
     """Whether every micro-batch's loss is finite: one bad one spoils the summed gradient."""
-    return bool(torch.isfinite(torch.stack(losses)).all()) if len(losses) > 1 \
-        else bool(torch.isfinite(losses[0]))
+    return bool(torch.isfinite(torch.stack(losses)).all())
 
 
 def outputs_and_loss(forward: Callable, loss_fn: Optional[Callable], batch):

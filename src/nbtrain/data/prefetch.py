@@ -29,13 +29,9 @@ class CudaPrefetcher:
     def __init__(self, source, move: Callable, device: torch.device):
         self.source, self.move, self.device = source, move, device
         self.stream = torch.cuda.Stream(device)
-        self.dataset = getattr(source, "dataset", None)
 
     def __len__(self) -> int:
         return len(self.source)
-
-    def sample_indices(self, epoch: int, batch: int):
-        return self.source.sample_indices(epoch, batch)
 
     def _copy_ahead(self, batches: Iterator):
         batch = next(batches, None)
