@@ -18,7 +18,7 @@ from torch import nn
 
 import nbtrain
 from nbtrain import magic
-from nbtrain.config import FIELD_NAMES, ConfigError, TrainConfig
+from nbtrain.config import FIELD_NAMES, SETTINGS, ConfigError, TrainConfig
 
 CELL = """
 model = nn.Linear(8, 3)
@@ -174,6 +174,31 @@ OPTIONS = [
     ("--seed 7", dict(seed=7)),
     ("--device cpu", dict(device="cpu")),
     ("--device cuda:1", dict(device="cuda:1")),
+    ("--drop-last", dict(drop_last=True)),
+    ("--no-shuffle", dict(shuffle=False)),
+    ("--activation-checkpointing 2", dict(activation_checkpointing=2)),
+    ("--activation-checkpointing true", dict(activation_checkpointing=True)),
+    ("--workers 2 --multiprocessing-context spawn",
+     dict(num_workers=2, multiprocessing_context="spawn")),
+    ("--no-batched-fetch", dict(batched_fetch=False)),
+    ("--prefetch-to-device", dict(prefetch_to_device=True)),
+    ("--decay-norm-and-bias", dict(decay_norm_and_bias=True)),
+    ("--eps 1e-6", dict(eps=1e-6)),
+    ("--optimizer-impl foreach", dict(optimizer_impl="foreach")),
+    ("--step-size 50", dict(step_size=50)),
+    ("--gamma 0.5", dict(gamma=0.5)),
+    ("--cycle-steps 40", dict(cycle_steps=40)),
+    ("--pct-start 0.2", dict(pct_start=0.2)),
+    ("--div-factor 10", dict(div_factor=10.0)),
+    ("--final-div-factor 100", dict(final_div_factor=100.0)),
+    ("--plateau-patience 3", dict(plateau_patience=3)),
+    ("--plateau-factor 0.5", dict(plateau_factor=0.5)),
+    ("--on-nan skip", dict(on_nan="skip")),
+    ("--no-telemetry", dict(telemetry=False)),
+    ("--history-limit 100", dict(history_limit=100)),
+    ("--release-previous", dict(release_previous=True)),
+    ("--checkpoint-dir ckpts --checkpoint-every 5",
+     dict(checkpoint_dir="ckpts", checkpoint_every=5)),
 ]
 
 
@@ -185,13 +210,22 @@ def test_option_reaches_config(ip, calls, options, changes):
     assert ip.user_ns["run"].config == TrainConfig(**changes)
 
 
-def test_option_table_covers_every_config_option():
-    """A new TrainConfig option in the magic needs a row in OPTIONS."""
+def test_every_config_field_is_an_option_and_tested():
+    """The options are generated from TrainConfig's declarations: each field has one, and
+    a new field needs a row in OPTIONS."""
     parser = magic.FastTrainMagics.fasttrain.parser
     in_magic = {a.dest for a in parser._actions if a.dest in FIELD_NAMES}
     tested = {name for _, changes in OPTIONS for name in changes}
-    assert in_magic == tested
-    assert len(in_magic) == 26
+    assert in_magic == tested == set(FIELD_NAMES)
+
+
+def test_help_names_every_config_field_with_its_flag_and_default(ip, capsys):
+    ip.run_cell("%%fasttrain?")
+    text = capsys.readouterr().out
+    unwrapped = re.sub(r"\s+", "", text)   # argparse wraps long lines, also at hyphens
+    for name, meta in SETTINGS.items():
+        assert re.search(re.escape(meta.flag) + r"(?![\w-])", text), name
+        assert re.sub(r"\s+", "", f"{meta.help} (default: ") in unwrapped, name
 
 
 def test_defaults_come_from_trainconfig(ip, calls):
@@ -320,7 +354,7 @@ def test_bad_value_over_a_config_shows_the_configerror_text(ip, calls):
 
 
 @pytest.mark.parametrize("options, expected", [
-    ("--epochs three", "argument --epochs: invalid int value: 'three'"),
+    ("--epochs three", "argument --epochs: expected a whole number >= 1, got 'three'"),
     ("--workers many", "argument --workers: expected 'auto' or a whole number"),
     ("--betas 0.9", "argument --betas: expected two numbers separated by a comma"),
     ("--betas a,b", "argument --betas: expected two numbers separated by a comma"),

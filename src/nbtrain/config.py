@@ -1,16 +1,26 @@
-"""TrainConfig: every training setting in one validated dataclass.
+"""TrainConfig: every training setting, each declared once.
 
-The loop only reads it; widgets, the magic and the CLI only write it. `to_dict()` goes
-into every checkpoint, so a run can always say exactly how it was trained.
+Each field carries its whole description: default, the values it accepts (a kind from
+kinds.py), a one-line help, its group, whether it changes the speed of a step, its
+`%%fasttrain` flag and its panel label. The validation, the magic's options, the panel's
+controls and autotune's search space are generated from these declarations
+(`SETTINGS`), so a new setting is one entry here plus its effect in the loop.
+
+The loop only reads a TrainConfig; widgets, the magic and the CLI only write it.
+`to_dict()` goes into every checkpoint, so a run can always say how it was trained.
 """
 from __future__ import annotations
 
 import dataclasses
 import difflib
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
+
+from .kinds import (AUTO_FLAG, AnyOf, AutoOr, Choice, Device, Flag, Kind, Number, OrNone,
+                    Pair, Path, Whole)
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "radam", "nadam", "rmsprop", "adagrad")
+ADAM_FAMILY = ("adam", "adamw", "radam", "nadam")
 SCHEDULERS = ("constant", "linear", "cosine", "step", "exponential", "onecycle",
               "cyclic", "plateau")
 AMP_MODES = ("off", "fp16", "bf16", "auto")
@@ -18,9 +28,48 @@ OPTIMIZER_IMPLS = ("auto", "fused", "foreach", "for-loop")
 ON_NAN = ("stop", "skip")
 MP_CONTEXTS = (None, "fork", "spawn", "forkserver")
 
+# The groups, in the order the magic's help and the panel's tabs show them.
+GROUPS = {"length": "Length", "device": "Device and precision", "data path": "Data path",
+          "optimizer": "Optimizer", "schedule": "LR schedule", "step": "Step",
+          "bookkeeping": "Bookkeeping"}
+
 
 class ConfigError(ValueError):
-    """A setting that cannot be used: names the field, the value given and what is allowed."""
+    """A setting that cannot be used: names the field, the value given and what is allowed.
+
+    `.field` is the TrainConfig field at fault (None when no single field is).
+    """
+
+    def __init__(self, message: str, field: Optional[str] = None):
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class Setting:
+    """Everything nbtrain knows about one TrainConfig field besides its default."""
+    kind: Kind
+    group: str                 # a key of GROUPS
+    help: str                  # one line, for `%%fasttrain?` and the docs
+    speed: Union[bool, str]    # "tuned": autotune searches it; True: changes a step's speed
+    flag: str = ""             # the %%fasttrain option; "" means --field-name
+    label: str = ""            # the panel control's description; "" means "field name"
+    when: Tuple[str, tuple] = ()   # (field, values): only used then (the panel hides it otherwise)
+    options: tuple = ()        # the panel's dropdown, where the kind alone cannot list values
+    placeholder: str = ""      # the panel's hint for an empty (None) text box
+    name: str = ""             # filled in from the field
+
+
+def setting(default, kind: Kind, group: str, help: str, speed: Union[bool, str] = True, **more):
+    """A dataclass field declared with its Setting (see `SETTINGS`)."""
+    meta = Setting(kind, group, help, speed, **more)
+    return dataclasses.field(default=default, metadata={"setting": meta})
+
+
+WHEN_SGD_LIKE = ("optimizer", ("sgd", "rmsprop"))
+WHEN_ONECYCLE = ("scheduler", ("onecycle",))
+WHEN_PLATEAU = ("scheduler", ("plateau",))
+AUTO_ON_OFF = (("auto", "auto"), ("on", True), ("off", False))
 
 
 @dataclass
@@ -33,67 +82,157 @@ class TrainConfig:
     """
 
     # --- length -------------------------------------------------------------------
-    epochs: int = 1
-    max_steps: Optional[int] = None       # optimizer steps; when set, overrides epochs
-    batch_size: int = 64
-    drop_last: bool = False
-    shuffle: bool = True
+    epochs: int = setting(1, Whole(1), "length", "passes over the data", speed=False)
+    max_steps: Optional[int] = setting(
+        None, OrNone(Whole(1)), "length", "optimizer steps; overrides epochs when set",
+        speed=False, label="max steps", placeholder="empty: epochs decide")
+    batch_size: int = setting(64, Whole(1), "length", "samples per batch", speed="tuned",
+                              label="batch size")
+    drop_last: bool = setting(False, Flag(), "length", "drop each epoch's last, shorter batch",
+                              label="drop last batch")
+    shuffle: bool = setting(True, Flag(), "length", "a new seeded sample order every epoch")
     # --- where it runs and at what precision ---------------------------------------
-    device: str = "auto"                  # auto | cpu | cuda | cuda:N | mps
-    amp: str = "auto"                     # off | fp16 | bf16 | auto
-    channels_last: bool = False
-    compile: bool = False
-    activation_checkpointing: Union[bool, int] = False  # Sequential models: True or N segments
+    device: str = setting("auto", Device(), "device", "auto, cpu, cuda, cuda:N or mps",
+                          options=("auto", "cpu", "cuda", "mps"))
+    amp: str = setting("auto", Choice(*AMP_MODES), "device",
+                       "mixed precision (autocast; fp16 adds a GradScaler)", speed="tuned",
+                       label="mixed precision")
+    channels_last: bool = setting(False, Flag(), "device",
+                                  "channels-last memory format for conv nets", speed="tuned",
+                                  label="channels last")
+    compile: bool = setting(False, Flag(), "device", "torch.compile the model",
+                            label="torch.compile")
+    activation_checkpointing: Union[bool, int] = setting(
+        False, AnyOf(Flag(), Whole(1), allowed="True, False or a number of segments >= 1"),
+        "device", "recompute an nn.Sequential's activations in backward (True or N segments)",
+        label="activation checkpointing",
+        options=(("off", False), ("on", True), 2, 4, 8))
     # --- data path (fewer, larger, pinned, asynchronous copies) ---------------------
-    pin_memory: Union[bool, str] = "auto"
-    num_workers: Union[int, str] = "auto"
-    num_threads: Union[int, str] = "auto"  # CPU threads for training; workers share the cores
-    prefetch_factor: Optional[int] = None  # batches each worker loads ahead (workers > 0)
-    persistent_workers: bool = False
-    multiprocessing_context: Optional[str] = None  # fork | spawn | forkserver
-    data_on_device: Union[bool, str] = "auto"
-    batched_fetch: Union[bool, str] = "auto"  # index tensor data by whole batches
-    prefetch_to_device: Union[bool, str] = "auto"  # CUDA: copy the next batch on a side stream
+    pin_memory: Union[bool, str] = setting(
+        "auto", AUTO_FLAG, "data path",
+        "pinned host memory, so copies to the GPU can be non-blocking", speed="tuned",
+        flag="--pin", options=AUTO_ON_OFF)
+    num_workers: Union[int, str] = setting(
+        "auto", AutoOr(Whole(0)), "data path", "DataLoader worker processes", speed="tuned",
+        flag="--workers", label="loader workers", options=("auto", 0, 1, 2, 4, 8))
+    num_threads: Union[int, str] = setting(
+        "auto", AutoOr(Whole(1)), "data path",
+        "CPU threads for training, leaving cores to the workers", flag="--threads",
+        label="CPU threads", options=("auto", 1, 2, 4, 8))
+    prefetch_factor: Optional[int] = setting(
+        None, OrNone(Whole(1)), "data path", "batches each worker loads ahead (workers > 0)",
+        speed="tuned", flag="--prefetch", options=(None, 1, 2, 4, 8))
+    persistent_workers: bool = setting(False, Flag(), "data path",
+                                       "keep workers alive between epochs", speed="tuned",
+                                       flag="--persistent")
+    multiprocessing_context: Optional[str] = setting(
+        None, Choice(*MP_CONTEXTS), "data path",
+        "how worker processes start (None: the platform's default)",
+        label="worker start method")
+    data_on_device: Union[bool, str] = setting(
+        "auto", AUTO_FLAG, "data path", "keep the whole dataset on the device", speed="tuned",
+        flag="--on-device", options=AUTO_ON_OFF)
+    batched_fetch: Union[bool, str] = setting(
+        "auto", AUTO_FLAG, "data path",
+        "index tensor data a whole batch at a time, not per sample", speed="tuned",
+        options=AUTO_ON_OFF)
+    prefetch_to_device: Union[bool, str] = setting(
+        "auto", AUTO_FLAG, "data path", "CUDA: copy the next batch on a side stream",
+        label="prefetch to GPU", options=AUTO_ON_OFF)
     # --- optimizer ------------------------------------------------------------------
-    optimizer: str = "adamw"
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    decay_norm_and_bias: bool = False     # weight decay also on biases and norm weights
-    momentum: float = 0.9                 # sgd, rmsprop
-    nesterov: bool = False                # sgd
-    betas: Tuple[float, float] = (0.9, 0.999)  # adam, adamw, radam, nadam
-    eps: float = 1e-8
-    optimizer_impl: str = "auto"          # auto | fused | foreach | for-loop
+    optimizer: str = setting("adamw", Choice(*OPTIMIZERS), "optimizer", "the optimizer")
+    lr: float = setting(1e-3, Number(0, low_open=True, example="1e-3"), "optimizer",
+                        "base learning rate", speed=False, label="learning rate")
+    weight_decay: float = setting(0.0, Number(0), "optimizer", "weight decay", flag="--wd")
+    decay_norm_and_bias: bool = setting(False, Flag(), "optimizer",
+                                        "weight decay also on biases and norm weights",
+                                        label="decay norms and biases")
+    momentum: float = setting(0.9, Number(0), "optimizer", "momentum for sgd and rmsprop",
+                              when=WHEN_SGD_LIKE)
+    nesterov: bool = setting(False, Flag(), "optimizer",
+                             "Nesterov momentum (sgd with momentum > 0)",
+                             label="Nesterov", when=("optimizer", ("sgd",)))
+    betas: Tuple[float, float] = setting(
+        (0.9, 0.999), Pair(Number(0, 1, high_open=True), (0.9, 0.999)), "optimizer",
+        "Adam-family betas", label="beta1, beta2", when=("optimizer", ADAM_FAMILY))
+    eps: float = setting(1e-8, Number(0), "optimizer", "the optimizer's epsilon (not sgd)",
+                         when=("optimizer", tuple(o for o in OPTIMIZERS if o != "sgd")))
+    optimizer_impl: str = setting("auto", Choice(*OPTIMIZER_IMPLS), "optimizer",
+                                  "kernel: fused, foreach or a for-loop over parameters",
+                                  label="implementation")
     # --- LR schedule ----------------------------------------------------------------
-    scheduler: str = "constant"
-    warmup_steps: int = 0                 # linear warmup from 0, composes with every schedule
-    min_lr: float = 0.0                   # floor of linear, cosine, cyclic
-    step_size: int = 1000                 # step: decay every step_size steps
-    gamma: float = 0.1                    # step: factor per step_size; exponential: per step
-    cycle_steps: int = 2000               # cyclic: steps in one full up-and-down cycle
-    pct_start: float = 0.3                # onecycle: fraction of steps spent rising
-    div_factor: float = 25.0              # onecycle: start lr = lr / div_factor
-    final_div_factor: float = 1e4         # onecycle: end lr = start lr / final_div_factor
-    plateau_patience: int = 2             # plateau: epochs without val improvement
-    plateau_factor: float = 0.1           # plateau: factor applied after patience runs out
+    scheduler: str = setting("constant", Choice(*SCHEDULERS), "schedule", "the LR schedule",
+                             speed=False, label="schedule")
+    warmup_steps: int = setting(0, Whole(0), "schedule",
+                                "linear warmup steps from 0, before any schedule",
+                                speed=False, flag="--warmup", label="warmup steps")
+    min_lr: float = setting(0.0, Number(0), "schedule", "LR floor of linear, cosine and cyclic",
+                            speed=False, label="min lr",
+                            when=("scheduler", ("linear", "cosine", "cyclic")))
+    step_size: int = setting(1000, Whole(1), "schedule", "step: decay every N steps",
+                             speed=False, label="step size", when=("scheduler", ("step",)))
+    gamma: float = setting(0.1, Number(0, 1, low_open=True), "schedule",
+                           "step: factor per step_size; exponential: factor per step",
+                           speed=False, when=("scheduler", ("step", "exponential")))
+    cycle_steps: int = setting(2000, Whole(1), "schedule",
+                               "cyclic: steps in one full up-and-down cycle", speed=False,
+                               label="cycle length (steps)", when=("scheduler", ("cyclic",)))
+    pct_start: float = setting(0.3, Number(0, 1, low_open=True, high_open=True), "schedule",
+                               "onecycle: fraction of the steps spent rising", speed=False,
+                               label="rising fraction", when=WHEN_ONECYCLE)
+    div_factor: float = setting(25.0, Number(1), "schedule",
+                                "onecycle: start LR = lr / div_factor", speed=False,
+                                label="start = lr /", when=WHEN_ONECYCLE)
+    final_div_factor: float = setting(1e4, Number(1), "schedule",
+                                      "onecycle: end LR = start LR / final_div_factor",
+                                      speed=False, label="end = start /", when=WHEN_ONECYCLE)
+    plateau_patience: int = setting(2, Whole(0), "schedule",
+                                    "plateau: epochs without a better val loss before a cut",
+                                    speed=False, label="patience (epochs)",
+                                    when=WHEN_PLATEAU)
+    plateau_factor: float = setting(0.1, Number(0, 1, low_open=True), "schedule",
+                                    "plateau: factor applied when patience runs out",
+                                    speed=False, label="factor", when=WHEN_PLATEAU)
     # --- the step -------------------------------------------------------------------
-    grad_accum_steps: int = 1
-    clip_grad_norm: Optional[float] = None
-    on_nan: str = "stop"                  # stop | skip
+    grad_accum_steps: int = setting(1, Whole(1), "step",
+                                    "batches per optimizer step (gradient accumulation)",
+                                    flag="--accum", label="accumulate batches")
+    clip_grad_norm: Optional[float] = setting(
+        None, OrNone(Number(0, low_open=True)), "step", "clip the gradient norm to this value",
+        flag="--clip", label="clip grad norm", placeholder="empty: no clipping")
+    on_nan: str = setting("stop", Choice(*ON_NAN), "step",
+                          "a non-finite loss stops the run, or its update is skipped",
+                          label="non-finite loss")
     # --- bookkeeping ----------------------------------------------------------------
-    log_every: int = 10
-    telemetry: bool = True                # time split, memory and diagnosis in each record
-    history_limit: int = 5000             # older records are merged beyond this many
-    release_previous: bool = False        # free the previous run's optimizer state and cache
-    seed: int = 0
-    checkpoint_dir: Optional[str] = None
-    checkpoint_every: Optional[int] = None  # steps; None: only at the end of the run
+    log_every: int = setting(10, Whole(1), "bookkeeping",
+                             "steps between loss readings (each one is a host sync)",
+                             speed=False, label="log every (steps)")
+    telemetry: bool = setting(True, Flag(), "bookkeeping",
+                              "time split, memory and diagnosis in each record")
+    history_limit: int = setting(5000, Whole(10), "bookkeeping",
+                                 "records kept; older ones are merged beyond this many",
+                                 label="history limit")
+    release_previous: bool = setting(False, Flag(), "bookkeeping",
+                                     "free the previous run's optimizer state and cache first",
+                                     label="release previous run")
+    seed: int = setting(0, Whole(), "bookkeeping", "random seed", speed=False)
+    checkpoint_dir: Optional[str] = setting(None, OrNone(Path()), "bookkeeping",
+                                            "folder for checkpoints (None: none written)",
+                                            speed=False, label="checkpoint folder",
+                                            placeholder="empty: no checkpoints")
+    checkpoint_every: Optional[int] = setting(
+        None, OrNone(Whole(1)), "bookkeeping", "steps between checkpoints (None: at the end)",
+        speed=False, label="checkpoint every", placeholder="empty: at the end only")
 
     def __post_init__(self):
         if isinstance(self.betas, list):
             self.betas = tuple(self.betas)
-        for check in _CHECKS:
-            check(self)
+        for name, meta in SETTINGS.items():
+            value = getattr(self, name)
+            if not meta.kind.accepts(value):
+                _fail(name, value)
+        for rule in _RULES:
+            rule(self)
 
     # -- copies and round trips --------------------------------------------------------
     def replace(self, **changes: Any) -> "TrainConfig":
@@ -110,6 +249,25 @@ class TrainConfig:
         return cls(**values)
 
 
+def _declared_settings() -> Dict[str, Setting]:
+    table = {}
+    for f in dataclasses.fields(TrainConfig):
+        meta = f.metadata["setting"]
+        table[f.name] = dataclasses.replace(
+            meta, name=f.name, flag=meta.flag or "--" + f.name.replace("_", "-"),
+            label=meta.label or f.name.replace("_", " "))
+    return table
+
+
+SETTINGS: Dict[str, Setting] = _declared_settings()
+FIELD_NAMES = tuple(SETTINGS)
+
+
+def settings_in(group: str) -> list:
+    """The Settings of one group, in declaration order."""
+    return [s for s in SETTINGS.values() if s.group == group]
+
+
 def as_config(config) -> TrainConfig:
     """A TrainConfig from None (the defaults), a TrainConfig or a dict of its fields."""
     if config is None:
@@ -122,129 +280,48 @@ def as_config(config) -> TrainConfig:
                     f"got {type(config).__name__}.")
 
 
-FIELD_NAMES = tuple(f.name for f in dataclasses.fields(TrainConfig))
-
-
 def _reject_unknown(names) -> None:
     for name in names:
-        if name not in FIELD_NAMES:
+        if name not in SETTINGS:
             close = difflib.get_close_matches(name, FIELD_NAMES, n=1)
             hint = f" Did you mean '{close[0]}'?" if close else ""
-            raise ConfigError(f"TrainConfig has no setting '{name}'.{hint}")
+            raise ConfigError(f"TrainConfig has no setting '{name}'.{hint}", field=name)
 
 
-def _fail(name: str, value: Any, allowed: str) -> None:
-    raise ConfigError(f"TrainConfig.{name}={value!r} is not allowed: expected {allowed}.")
+def rejection(name: str, value: Any, allowed: str = "") -> ConfigError:
+    """The error for `value` in field `name`: what was given and what is allowed."""
+    allowed = allowed or SETTINGS[name].kind.describe(value)
+    return ConfigError(f"TrainConfig.{name}={value!r} is not allowed: expected {allowed}.",
+                       field=name)
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _fail(name: str, value: Any, allowed: str = "") -> None:
+    raise rejection(name, value, allowed)
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _check_choices(cfg: TrainConfig) -> None:
-    for name, choices in (("amp", AMP_MODES), ("optimizer", OPTIMIZERS),
-                          ("scheduler", SCHEDULERS), ("optimizer_impl", OPTIMIZER_IMPLS),
-                          ("on_nan", ON_NAN), ("multiprocessing_context", MP_CONTEXTS)):
-        value = getattr(cfg, name)
-        if value not in choices:
-            close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            _fail(name, value, "one of " + ", ".join(repr(c) for c in choices) + hint)
-
-
-def _check_device(cfg: TrainConfig) -> None:
-    dev = cfg.device
-    ok = isinstance(dev, str) and (
-        dev in ("auto", "cpu", "cuda", "mps")
-        or (dev.startswith("cuda:") and dev[5:].isdigit()))
-    if not ok:
-        _fail("device", dev, "'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
-
-
-def _check_counts(cfg: TrainConfig) -> None:
-    positive = ("epochs", "batch_size", "grad_accum_steps", "log_every", "step_size",
-                "history_limit",
-                "cycle_steps")
-    for name in positive:
-        value = getattr(cfg, name)
-        if not _is_int(value) or value < 1:
-            _fail(name, value, "a whole number >= 1")
-    for name in ("max_steps", "checkpoint_every", "prefetch_factor"):
-        value = getattr(cfg, name)
-        if value is not None and (not _is_int(value) or value < 1):
-            _fail(name, value, "None or a whole number >= 1")
-    for name in ("warmup_steps", "plateau_patience"):
-        value = getattr(cfg, name)
-        if not _is_int(value) or value < 0:
-            _fail(name, value, "a whole number >= 0")
-    if not _is_int(cfg.seed):
-        _fail("seed", cfg.seed, "a whole number")
-
-
-def _check_rates(cfg: TrainConfig) -> None:
-    if not _is_number(cfg.lr) or not cfg.lr > 0:
-        _fail("lr", cfg.lr, "a number > 0 (for example 1e-3)")
-    for name in ("weight_decay", "min_lr", "momentum", "eps"):
-        value = getattr(cfg, name)
-        if not _is_number(value) or value < 0:
-            _fail(name, value, "a number >= 0")
+# -- rules between fields (each field's own values are checked by its kind) ---------------
+def _check_lr_floor(cfg: TrainConfig) -> None:
     if cfg.min_lr > cfg.lr:
         _fail("min_lr", cfg.min_lr, f"a number <= lr ({cfg.lr})")
+
+
+def _check_nesterov(cfg: TrainConfig) -> None:
     if cfg.nesterov and (cfg.optimizer != "sgd" or cfg.momentum == 0):
         _fail("nesterov", cfg.nesterov, "False unless optimizer='sgd' with momentum > 0")
-    betas = cfg.betas
-    if not (isinstance(betas, tuple) and len(betas) == 2
-            and all(_is_number(b) and 0 <= b < 1 for b in betas)):
-        _fail("betas", betas, "two numbers in [0, 1), for example (0.9, 0.999)")
-    for name in ("gamma", "plateau_factor"):
-        value = getattr(cfg, name)
-        if not _is_number(value) or not 0 < value <= 1:
-            _fail(name, value, "a number in (0, 1]")
-    if not _is_number(cfg.pct_start) or not 0 < cfg.pct_start < 1:
-        _fail("pct_start", cfg.pct_start, "a number in (0, 1)")
-    for name in ("div_factor", "final_div_factor"):
-        value = getattr(cfg, name)
-        if not _is_number(value) or value < 1:
-            _fail(name, value, "a number >= 1")
-    clip = cfg.clip_grad_norm
-    if clip is not None and (not _is_number(clip) or clip <= 0):
-        _fail("clip_grad_norm", clip, "None or a number > 0")
 
 
-def _check_data_path(cfg: TrainConfig) -> None:
-    for name in ("pin_memory", "data_on_device", "batched_fetch", "prefetch_to_device"):
-        value = getattr(cfg, name)
-        if not (isinstance(value, bool) or value == "auto"):
-            _fail(name, value, "True, False or 'auto'")
-    workers = cfg.num_workers
-    if not (workers == "auto" or (_is_int(workers) and workers >= 0)):
-        _fail("num_workers", workers, "'auto' or a whole number >= 0")
-    threads = cfg.num_threads
-    if not (threads == "auto" or (_is_int(threads) and threads >= 1)):
-        _fail("num_threads", threads, "'auto' or a whole number >= 1")
-    if workers == 0 and cfg.persistent_workers:
+def _check_worker_options(cfg: TrainConfig) -> None:
+    if cfg.num_workers == 0 and cfg.persistent_workers:
         _fail("persistent_workers", True, "False when num_workers=0 (there are no workers to keep)")
-    if workers == 0 and cfg.prefetch_factor is not None:
+    if cfg.num_workers == 0 and cfg.prefetch_factor is not None:
         _fail("prefetch_factor", cfg.prefetch_factor,
               "None when num_workers=0 (only workers prefetch)")
-    for name in ("drop_last", "shuffle", "channels_last", "compile", "nesterov",
-                 "persistent_workers", "decay_norm_and_bias", "telemetry", "release_previous"):
-        if not isinstance(getattr(cfg, name), bool):
-            _fail(name, getattr(cfg, name), "True or False")
 
 
-def _check_memory(cfg: TrainConfig) -> None:
-    ac = cfg.activation_checkpointing
-    if not (isinstance(ac, bool) or (_is_int(ac) and ac >= 1)):
-        _fail("activation_checkpointing", ac, "True, False or a number of segments >= 1")
-    if ac is not False and cfg.compile:
-        _fail("activation_checkpointing", ac, "False when compile=True (pick one)")
-    if cfg.history_limit < 10:
-        _fail("history_limit", cfg.history_limit, "a whole number >= 10")
+def _check_checkpointing(cfg: TrainConfig) -> None:
+    if cfg.activation_checkpointing is not False and cfg.compile:
+        _fail("activation_checkpointing", cfg.activation_checkpointing,
+              "False when compile=True (pick one)")
 
 
-_CHECKS = (_check_memory, _check_choices, _check_device, _check_counts, _check_rates, _check_data_path)
+_RULES = (_check_lr_floor, _check_nesterov, _check_worker_options, _check_checkpointing)

@@ -21,54 +21,63 @@ from IPython.core import magic_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from .config import (AMP_MODES, FIELD_NAMES, OPTIMIZERS, SCHEDULERS, ConfigError,
-                     TrainConfig)
+from .config import (FIELD_NAMES, GROUPS, SETTINGS, ConfigError, TrainConfig, rejection,
+                     settings_in)
+from .kinds import AUTO_FLAG, Flag, text_of
 
 _DEFAULTS = TrainConfig()   # the help quotes these, so it cannot drift from the config
 _MISSING = object()
 
 
 def _default(name: str) -> str:
-    value = getattr(_DEFAULTS, name)
-    if isinstance(value, tuple):   # shown the way --betas takes it
-        value = ",".join(str(v) for v in value)
-    return f"(default: {value})"
+    return f"(default: {text_of(getattr(_DEFAULTS, name))})"
 
 
-def _workers(text: str):
-    """--workers, --threads: 'auto' or a whole number; TrainConfig checks the range."""
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected 'auto' or a whole number such as 4, got {text!r}") from None
+def _option_type(kind):
+    """argparse's `type` for a kind: its parse, failing with the kind's own words."""
+    def parse(text: str):
+        try:
+            return kind.parse(text)
+        except ValueError as err:   # its text says what was expected and what was given
+            raise argparse.ArgumentTypeError(str(err)) from None
+    return parse
 
 
-def _betas(text: str):
-    """--betas: two comma-separated numbers; TrainConfig checks the range."""
-    try:
-        values = tuple(float(part) for part in text.split(","))
-    except ValueError:
-        values = ()
-    if len(values) != 2:
-        raise argparse.ArgumentTypeError(
-            f"expected two numbers separated by a comma, such as 0.9,0.999, got {text!r}")
-    return values
+def _option(meta) -> magic_arguments.argument:
+    """The %%fasttrain option of one TrainConfig field, generated from its Setting.
+
+    Every option stores into the field of the same name with default None, so
+    `_apply_options` can tell the options the user gave from the ones left out.
+    """
+    help_text = f"{meta.help} {_default(meta.name)}"
+    if isinstance(meta.kind, Flag) or meta.kind is AUTO_FLAG:   # --pin / --no-pin
+        return _arg(meta.flag, dest=meta.name, action=argparse.BooleanOptionalAction,
+                    help=help_text)
+    return _arg(meta.flag, dest=meta.name, type=_option_type(meta.kind),
+                metavar=meta.kind.metavar, help=help_text)
+
+
+def _with_config_options(magic_method):
+    """Add one option per TrainConfig field, under its group's heading.
+
+    magic_arguments builds the parser from the decorators in reverse order of application,
+    so they are applied last field first.
+    """
+    for group, title in reversed(GROUPS.items()):
+        for meta in reversed(settings_in(group)):
+            magic_method = _option(meta)(magic_method)
+        magic_method = _group(title)(magic_method)
+    return magic_method
 
 
 _arg = magic_arguments.argument
 _group = magic_arguments.argument_group
-_flag = argparse.BooleanOptionalAction   # --pin / --no-pin; None when neither is given
 
 
 @magics_class
 class FastTrainMagics(Magics):
     """Holds %%fasttrain; `load_ipython_extension` registers it."""
 
-    # Every TrainConfig option stores into the field of the same name with default None,
-    # so `_apply_options` can tell the options the user gave from the ones left out.
     @magic_arguments.magic_arguments()
     @_group("What to train (variable names in the notebook)")
     @_arg("--model", default="model", metavar="NAME", help="the nn.Module (default: model)")
@@ -97,64 +106,7 @@ class FastTrainMagics(Magics):
           help="train once per value of one option, from the same initial weights and "
                "data order, and show the runs side by side; the Comparison goes to --out "
                "(e.g. --compare optimizer=sgd,adam,adamw)")
-    @_group("Length")
-    @_arg("--epochs", type=int, metavar="N", help=f"passes over the data {_default('epochs')}")
-    @_arg("--max-steps", dest="max_steps", type=int, metavar="N",
-          help=f"optimizer steps; overrides --epochs when set {_default('max_steps')}")
-    @_arg("--batch-size", dest="batch_size", type=int, metavar="N",
-          help=f"samples per batch {_default('batch_size')}")
-    @_group("Data path")
-    @_arg("--pin", dest="pin_memory", action=_flag,
-          help=f"pinned host memory, so copies to the GPU can be non-blocking "
-               f"{_default('pin_memory')}")
-    @_arg("--workers", dest="num_workers", type=_workers, metavar="N|auto",
-          help=f"DataLoader worker processes {_default('num_workers')}")
-    @_arg("--threads", dest="num_threads", type=_workers, metavar="N|auto",
-          help=f"CPU threads for training, leaving cores to the workers {_default('num_threads')}")
-    @_arg("--prefetch", dest="prefetch_factor", type=int, metavar="N",
-          help=f"batches each worker loads ahead {_default('prefetch_factor')}")
-    @_arg("--persistent", dest="persistent_workers", action=_flag,
-          help=f"keep workers alive between epochs {_default('persistent_workers')}")
-    @_arg("--on-device", dest="data_on_device", action=_flag,
-          help=f"keep the whole dataset on the device {_default('data_on_device')}")
-    @_group("Device and precision")
-    @_arg("--device", metavar="DEV",
-          help=f"auto, cpu, cuda, cuda:N or mps {_default('device')}")
-    @_arg("--amp", metavar="MODE",
-          help=f"mixed precision: {', '.join(AMP_MODES)} {_default('amp')}")
-    @_arg("--channels-last", dest="channels_last", action=_flag,
-          help=f"channels-last memory format for conv nets {_default('channels_last')}")
-    @_arg("--compile", action=_flag, help=f"torch.compile the model {_default('compile')}")
-    @_group("Optimizer")
-    @_arg("--optimizer", metavar="NAME",
-          help=f"{', '.join(OPTIMIZERS)} {_default('optimizer')}")
-    @_arg("--lr", type=float, metavar="LR", help=f"base learning rate {_default('lr')}")
-    @_arg("--wd", dest="weight_decay", type=float, metavar="WD",
-          help=f"weight decay {_default('weight_decay')}")
-    @_arg("--momentum", type=float, metavar="M",
-          help=f"momentum for sgd and rmsprop {_default('momentum')}")
-    @_arg("--nesterov", action=_flag,
-          help=f"Nesterov momentum (sgd with momentum > 0) {_default('nesterov')}")
-    @_arg("--betas", type=_betas, metavar="B1,B2",
-          help=f"Adam-family betas {_default('betas')}")
-    @_group("LR schedule")
-    @_arg("--scheduler", metavar="NAME",
-          help=f"{', '.join(SCHEDULERS)} {_default('scheduler')}")
-    @_arg("--warmup", dest="warmup_steps", type=int, metavar="N",
-          help=f"linear warmup steps from 0 {_default('warmup_steps')}")
-    @_arg("--min-lr", dest="min_lr", type=float, metavar="LR",
-          help=f"LR floor of linear, cosine and cyclic {_default('min_lr')}")
-    @_group("Step")
-    @_arg("--accum", dest="grad_accum_steps", type=int, metavar="N",
-          help=f"batches per optimizer step (gradient accumulation) "
-               f"{_default('grad_accum_steps')}")
-    @_arg("--clip", dest="clip_grad_norm", type=float, metavar="NORM",
-          help=f"clip the gradient norm to NORM {_default('clip_grad_norm')}")
-    @_group("Bookkeeping")
-    @_arg("--log-every", dest="log_every", type=int, metavar="N",
-          help=f"steps between loss readings (each one is a host sync) "
-               f"{_default('log_every')}")
-    @_arg("--seed", type=int, metavar="N", help=f"random seed {_default('seed')}")
+    @_with_config_options
     @line_cell_magic
     def fasttrain(self, line, cell=None):
         """Train the model the cell defines; options are TrainConfig settings.
@@ -298,16 +250,11 @@ def _option_action(parser, option: str):
 
 
 def _parse_value(action, option: str, text: str):
-    if isinstance(action, argparse.BooleanOptionalAction):
-        if text.lower() not in ("true", "false", "on", "off", "yes", "no", "1", "0"):
-            raise UsageError(f"--compare {option}: {text!r} is not true or false.")
-        return text.lower() in ("true", "on", "yes", "1")
-    if action.type is None:
-        return text
+    """A --compare value, read as the field's kind reads text ("auto" and true/false too)."""
     try:
-        return action.type(text)
-    except (ValueError, argparse.ArgumentTypeError) as err:
-        raise UsageError(f"--compare {option}: {text!r}: {err}") from None
+        return SETTINGS[action.dest].kind.parse(text)
+    except ValueError:
+        raise UsageError(f"--compare {option}: {rejection(action.dest, text)}") from None
 
 
 # -- names in the namespace -------------------------------------------------------------------

@@ -1,0 +1,230 @@
+"""What values a setting accepts: one small class per kind of value.
+
+Each kind answers three questions that used to be answered by hand in four places:
+is this value allowed (`accepts`), how is it described in an error or a help line
+(`allowed`), and how is it read from text (`parse`, for the magic's options, `--compare`
+values and the panel's text boxes). TrainConfig's declarations (config.py) pick one per
+field.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+from typing import Any, Optional, Tuple
+
+TRUE_WORDS = ("true", "on", "yes", "1")
+FALSE_WORDS = ("false", "off", "no", "0")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class Kind:
+    """The values one setting accepts."""
+    allowed = ""         # for errors and help: "a whole number >= 1"
+    metavar = "VALUE"    # for the magic's help: --batch-size N
+
+    def accepts(self, value) -> bool:
+        raise NotImplementedError
+
+    def parse(self, text: str):
+        """The value of the right type that `text` stands for; ValueError when there is none.
+
+        Whether the value is allowed is `accepts`'s question, asked by TrainConfig."""
+        raise NotImplementedError
+
+    def describe(self, value) -> str:
+        """`allowed`, with a hint fitted to the rejected value where one helps."""
+        return self.allowed
+
+
+class Whole(Kind):
+    """A whole number, at least `low` when given (bools are not numbers here)."""
+    metavar = "N"
+
+    def __init__(self, low: Optional[int] = None):
+        self.low = low
+        self.allowed = "a whole number" + (f" >= {low}" if low is not None else "")
+
+    def accepts(self, value) -> bool:
+        return _is_int(value) and (self.low is None or value >= self.low)
+
+    def parse(self, text: str) -> int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"expected {self.allowed}, got {text!r}") from None
+
+
+class Number(Kind):
+    """A real number in a range; `open` ends exclude their bound."""
+    metavar = "X"
+
+    def __init__(self, low=None, high=None, low_open=False, high_open=False, example=""):
+        self.low, self.high, self.low_open, self.high_open = low, high, low_open, high_open
+        self.allowed = "a number " + self._range() + (f" (for example {example})" if example else "")
+
+    def _range(self) -> str:
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {self.low}"
+        return f"in {'(' if self.low_open else '['}{self.low}, {self.high}{')' if self.high_open else ']'}"
+
+    def accepts(self, value) -> bool:
+        if not _is_number(value):
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
+        return above and below
+
+    def parse(self, text: str) -> float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"expected {self.allowed}, got {text!r}") from None
+
+
+class Flag(Kind):
+    """True or False."""
+    allowed = "True or False"
+    metavar = "True|False"
+
+    def accepts(self, value) -> bool:
+        return isinstance(value, bool)
+
+    def parse(self, text: str) -> bool:
+        word = text.strip().lower()
+        if word in TRUE_WORDS or word in FALSE_WORDS:
+            return word in TRUE_WORDS
+        raise ValueError(f"expected true or false, got {text!r}")
+
+
+class Choice(Kind):
+    """One of a fixed list of values (names, or None for "the library's default")."""
+
+    def __init__(self, *options):
+        self.options = options
+        self.allowed = "one of " + ", ".join(repr(o) for o in options)
+        self.metavar = "{" + ",".join(str(o) for o in options) + "}"   # argparse's way
+
+    def accepts(self, value) -> bool:
+        return value in self.options
+
+    def describe(self, value) -> str:
+        close = difflib.get_close_matches(str(value), [str(o) for o in self.options], n=1)
+        return self.allowed + (f" (did you mean {close[0]!r}?)" if close else "")
+
+    def parse(self, text: str):
+        """The option written `text`; other text is returned as is, for TrainConfig to
+        reject with its did-you-mean hint."""
+        return next((option for option in self.options if str(option) == text), text)
+
+
+class Literal(Kind):
+    """Exactly one value, such as "auto" or None; a part of AnyOf."""
+
+    def __init__(self, value):
+        self.value = value
+        self.allowed = repr(value)
+
+    def accepts(self, value) -> bool:
+        return value is self.value or (type(value) is type(self.value) and value == self.value)
+
+    def parse(self, text: str):
+        if text.strip().lower() == str(self.value).lower():
+            return self.value
+        raise ValueError(f"expected {self.allowed}, got {text!r}")
+
+
+class AnyOf(Kind):
+    """A value that any one of `kinds` accepts, e.g. 'auto' or a whole number."""
+
+    def __init__(self, *kinds: Kind, allowed: str = ""):
+        self.kinds = kinds
+        self.allowed = allowed or " or ".join(k.allowed for k in kinds)
+        self.metavar = "|".join(k.metavar if not isinstance(k, Literal) else str(k.value)
+                                for k in kinds)
+
+    def accepts(self, value) -> bool:
+        return any(kind.accepts(value) for kind in self.kinds)
+
+    def parse(self, text: str):
+        for kind in self.kinds:
+            try:
+                return kind.parse(text)
+            except ValueError:
+                pass
+        raise ValueError(f"expected {self.allowed}, got {text!r}")
+
+
+def OrNone(kind: Kind) -> AnyOf:
+    """None or what `kind` accepts (None: the setting is off, or decided elsewhere)."""
+    return AnyOf(Literal(None), kind)
+
+
+def AutoOr(kind: Kind) -> AnyOf:
+    """'auto' (nbtrain decides at the start of a run, and says why) or what `kind` accepts."""
+    return AnyOf(Literal("auto"), kind)
+
+
+AUTO_FLAG = AnyOf(Flag(), Literal("auto"), allowed="True, False or 'auto'")
+
+
+class Device(Kind):
+    """A torch device name nbtrain can train on."""
+    allowed = "'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'"
+    metavar = "DEV"
+
+    def accepts(self, value) -> bool:
+        return isinstance(value, str) and (
+            value in ("auto", "cpu", "cuda", "mps")
+            or (value.startswith("cuda:") and value[5:].isdigit()))
+
+    def parse(self, text: str) -> str:
+        return text
+
+
+class Pair(Kind):
+    """Two numbers, each as `part` accepts; written "0.9,0.999" in text."""
+    metavar = "A,B"
+
+    def __init__(self, part: Number, example: Tuple[float, float]):
+        self.part, self.example = part, example
+        self.allowed = f"two numbers {part._range()}, for example {example}"
+
+    def accepts(self, value) -> bool:
+        return isinstance(value, tuple) and len(value) == 2 and all(map(self.part.accepts, value))
+
+    def parse(self, text: str) -> tuple:
+        try:
+            values = tuple(float(part) for part in text.split(","))
+        except ValueError:
+            values = ()
+        if len(values) != 2:
+            example = ",".join(str(v) for v in self.example)
+            raise ValueError(f"expected two numbers separated by a comma, such as {example}, "
+                             f"got {text!r}")
+        return values
+
+
+class Path(Kind):
+    """A file-system path (a str or a pathlib.Path)."""
+    allowed = "a folder path"
+    metavar = "PATH"
+
+    def accepts(self, value) -> bool:
+        return isinstance(value, (str, os.PathLike))
+
+    def parse(self, text: str) -> str:
+        return text
+
+
+def text_of(value: Any) -> str:
+    """A value written the way `parse` reads it back (betas as 0.9,0.999)."""
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    return str(value)
