@@ -48,6 +48,18 @@ def space_of(data, device="cpu", space=None, **base):
 
 
 # -- which settings are tried ----------------------------------------------------------------
+def test_the_search_space_is_exactly_the_settings_declared_tuned():
+    """config.py marks what autotune searches (speed="tuned"); a newly declared one needs
+    candidate values here, and the cache key leaves out every setting that is not speed."""
+    from nbtrain.config import SETTINGS
+    for data in (tiny_tensors(), SleepyDataset(8)):
+        _, space = space_of(data)
+        assert set(space) == set(at.TUNABLE)
+    assert at.NOT_SPEED >= set(at.TUNABLE) and {"lr", "seed", "epochs"} <= at.NOT_SPEED
+    assert {"optimizer", "grad_accum_steps", "compile"}.isdisjoint(at.NOT_SPEED)
+    assert {n for n, m in SETTINGS.items() if m.speed == "tuned"} == set(at.TUNABLE)
+
+
 def test_tensor_candidates_on_cpu_are_valid_and_only_what_can_matter():
     kind, space = space_of(tiny_tensors(), space={"amp": ["off"]})
     cands = candidate_settings(kind, space)

@@ -61,3 +61,23 @@ def test_round_trip_and_replace():
 def test_public_names():
     for name in ("TrainConfig", "ConfigError", "fit", "Run", "schedule_preview", "datasets"):
         assert hasattr(nt, name)
+
+
+def test_config_error_carries_the_field():
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(num_workers=0, prefetch_factor=2)
+    assert err.value.field == "prefetch_factor"
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(lr="fast")
+    assert err.value.field == "lr"
+
+
+def test_every_field_is_declared_once_with_what_the_tools_need():
+    from nbtrain.config import GROUPS, SETTINGS
+    flags = [meta.flag for meta in SETTINGS.values()]
+    assert len(set(flags)) == len(flags)   # one option per field
+    for name, meta in SETTINGS.items():
+        assert meta.group in GROUPS and meta.help and meta.speed in (True, False, "tuned")
+        assert meta.kind.accepts(getattr(TrainConfig(), name)), name   # the default is allowed
+        if meta.when:
+            assert meta.when[0] in SETTINGS

@@ -22,6 +22,7 @@ pytest.importorskip("ipywidgets")
 pytest.importorskip("anywidget")
 pytest.importorskip("plotly")
 
+from nbtrain.config import FIELD_NAMES, SETTINGS  # noqa: E402
 from nbtrain.dashboard import Dashboard, Decimated, planned_lr  # noqa: E402
 from nbtrain.panel import Panel  # noqa: E402
 
@@ -89,6 +90,26 @@ def test_every_toggle_of_the_issue_has_a_control(make_panel):
               "momentum", "betas", "scheduler", "warmup_steps", "min_lr", "cycle_steps",
               "step_size", "gamma", "pct_start", "div_factor", "final_div_factor"}
     assert wanted <= set(panel.controls)
+
+
+def test_every_config_field_has_a_control_on_its_groups_tab(make_panel):
+    panel = make_panel()
+    assert set(panel.controls) == set(FIELD_NAMES)
+    for tab, controls in panel.groups.items():
+        assert {SETTINGS[c.field].group.capitalize() for c in controls} == {tab}
+
+
+def test_text_boxes_read_empty_as_none_and_name_a_bad_value(make_panel):
+    panel = make_panel()
+    set_value(panel, "checkpoint_dir", "ckpts")
+    set_value(panel, "clip_grad_norm", "0.5")
+    assert (panel.config.checkpoint_dir, panel.config.clip_grad_norm) == ("ckpts", 0.5)
+    set_value(panel, "clip_grad_norm", "")
+    assert panel.config.clip_grad_norm is None
+    set_value(panel, "clip_grad_norm", "high")
+    assert "TrainConfig.clip_grad_norm='high' is not allowed: expected a number &gt; 0, or " \
+        "empty" in panel.controls["clip_grad_norm"].error.value
+    assert panel.config.clip_grad_norm is None   # the last valid settings stay
 
 
 def test_controls_write_the_config(make_panel):

@@ -31,25 +31,23 @@ import torch
 from torch.utils.data import DataLoader
 
 from .compare import display_with_figure, fresh_model, html_table, text_table
-from .config import TrainConfig, as_config
+from .config import SETTINGS, TrainConfig, as_config
 from .data import available_cores
 from .data.batches import as_tensors
 from .devices import cpu_bf16_feature, gpu_has_bf16, resolve_device
 from .loop import fit
 
-TUNABLE = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory",
-           "data_on_device", "batched_fetch", "amp", "channels_last", "batch_size")
+# What autotune searches, and what it leaves out of its cache key, come from each
+# setting's `speed` in config.py: "tuned" fields are searched; fields that do not change
+# the speed of a step (and the searched ones) are not part of the key.
+TUNABLE = tuple(name for name, meta in SETTINGS.items() if meta.speed == "tuned")
+NOT_SPEED = {name for name, meta in SETTINGS.items() if meta.speed is not True}
 ETA = 3                  # keep the fastest 1/ETA each round; trials grow ETA times longer
 MIN_RECORDS = 3          # measured records (after warm-up) a trial needs, however short
 MIN_TRIAL_S = 0.05       # shortest measured time per trial, whatever the budget says
 RECORD_S = 0.005         # aim for a record per 5 ms of steps (see Trials)
 TIE = 0.03               # within 3% of the fastest, the simpler settings win
 CACHE_VERSION = 1
-# Fields that do not change the speed of a step: left out of the cache key.
-NOT_SPEED = {"epochs", "max_steps", "lr", "min_lr", "scheduler", "warmup_steps", "step_size",
-             "gamma", "cycle_steps", "pct_start", "div_factor", "final_div_factor",
-             "plateau_patience", "plateau_factor", "log_every", "seed", "checkpoint_dir",
-             "checkpoint_every", *TUNABLE}
 
 
 def autotune(make_model, train_data, loss_fn: Optional[Callable] = None, *, config=None,

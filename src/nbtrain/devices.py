@@ -42,15 +42,15 @@ def _checked_device(name: str) -> torch.device:
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"TrainConfig.device={name!r} is not available: this PyTorch "
-                          "sees no CUDA device. Use device='auto' or 'cpu'.")
+                          "sees no CUDA device. Use device='auto' or 'cpu'.", field="device")
     if device.type == "cuda" and device.index is not None \
             and device.index >= torch.cuda.device_count():
         raise ConfigError(f"TrainConfig.device={name!r} is not available: only "
-                          f"{torch.cuda.device_count()} CUDA device(s). Use 'cuda:0'.")
+                          f"{torch.cuda.device_count()} CUDA device(s). Use 'cuda:0'.", field="device")
     if device.type == "mps" and not (getattr(torch.backends, "mps", None)
                                      and torch.backends.mps.is_available()):
         raise ConfigError(f"TrainConfig.device={name!r} is not available on this machine. "
-                          "Use device='auto' or 'cpu'.")
+                          "Use device='auto' or 'cpu'.", field="device")
     return device
 
 
@@ -77,7 +77,8 @@ def resolve_amp(requested: str, device: torch.device) -> Choice:
         if requested == "bf16" and device.type == "cuda" and not gpu_has_bf16(device):
             if not torch.cuda.is_bf16_supported():
                 raise ConfigError("TrainConfig.amp='bf16' is not supported by this GPU "
-                                  f"({torch.cuda.get_device_name(device)}): use amp='fp16'.")
+                                  f"({torch.cuda.get_device_name(device)}): use amp='fp16'.",
+                                  field="amp")
             return "bf16", "asked for (emulated on this GPU: usually slower than fp16)"
         return requested, "asked for"
     if device.type == "cuda":

@@ -161,9 +161,12 @@ class AnyOf(Kind):
         raise ValueError(f"expected {self.allowed}, got {text!r}")
 
 
-def OrNone(kind: Kind) -> AnyOf:
-    """None or what `kind` accepts (None: the setting is off, or decided elsewhere)."""
-    return AnyOf(Literal(None), kind)
+class OrNone(AnyOf):
+    """None (the setting is off, or decided elsewhere) or what `kind` accepts."""
+
+    def __init__(self, kind: Kind):
+        super().__init__(Literal(None), kind)
+        self.kind = kind
 
 
 def AutoOr(kind: Kind) -> AnyOf:

@@ -49,7 +49,8 @@ def resolve_impl(cfg: TrainConfig, device: torch.device) -> Tuple[str, str]:
     if cfg.optimizer_impl == "fused" and not fused_ok:
         from .config import ConfigError
         raise ConfigError(f"TrainConfig.optimizer_impl='fused' is not available for "
-                          f"optimizer={cfg.optimizer!r} on {device.type}: use 'auto'.")
+                          f"optimizer={cfg.optimizer!r} on {device.type}: use 'auto'.",
+                          field="optimizer_impl")
     if cfg.optimizer_impl != "auto":
         return cfg.optimizer_impl, "asked for"
     if fused_ok:

@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import html
 import math
-import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
-from .config import AMP_MODES, OPTIMIZERS, SCHEDULERS, ConfigError, TrainConfig
+from .config import GROUPS, ConfigError, Setting, TrainConfig, rejection, settings_in
 from .dashboard import Dashboard, _require_plotly_widgets
+from .kinds import Choice, Flag, Number, OrNone, Pair, Whole, text_of
 
-AUTO_ON_OFF = [("auto", "auto"), ("on", True), ("off", False)]
-ADAM_FAMILY = ("adam", "adamw", "radam", "nadam")
 LIVE_FIELDS = ("lr",)   # applied to a running run; every other field needs the next Train
 ERROR_STYLE = "color:#b00020;font-size:12px"
 
@@ -56,67 +54,83 @@ def _when(name: str, *choices) -> Callable[[dict], bool]:
 
 
 class _Builder:
-    """Makes Controls with one look: a description column, the widget, its error."""
+    """Makes each field's Control from its declaration (config.SETTINGS), with one look:
+    a description column, the widget, its error."""
 
     def __init__(self, widgets, config: TrainConfig):
         self.w, self.config = widgets, config
         self.style = {"description_width": "11em"}
         self.layout = widgets.Layout(width="21em")
 
-    def _control(self, name, widget, read, write, shown=_always, inputs=None) -> Control:
+    def control_for(self, meta: Setting) -> Control:
+        """The widget that fits the field's kind of value."""
+        kind = meta.kind
+        if meta.options or isinstance(kind, Choice):
+            return self.choice(meta, meta.options or kind.options)
+        if isinstance(kind, Flag):
+            return self.flag(meta)
+        if isinstance(kind, (Whole, Number)):
+            return self.number(meta, self.w.IntText if isinstance(kind, Whole) else self.w.FloatText)
+        if isinstance(kind, Pair):
+            return self.pair(meta)
+        return self.text(meta)   # optional values and paths: empty means None
+
+    def _control(self, meta: Setting, widget, read, write, inputs=None) -> Control:
         error = self.w.HTML(value="")
         row = self.w.HBox([widget, error])
-        write(getattr(self.config, name))
-        return Control(name, widget, read, write, error, row, shown, inputs or (widget,))
+        write(getattr(self.config, meta.name))
+        shown = _when(meta.when[0], *meta.when[1]) if meta.when else _always
+        return Control(meta.name, widget, read, write, error, row, shown, inputs or (widget,))
 
-    def choice(self, name, label, options, shown=_always) -> Control:
-        options = [o if isinstance(o, tuple) else (str(o), o) for o in options]
-        current = getattr(self.config, name)
+    def choice(self, meta: Setting, options) -> Control:
+        options = [o if isinstance(o, tuple) else ("default" if o is None else str(o), o)
+                   for o in options]
+        current = getattr(self.config, meta.name)
         if all(value != current or type(value) is not type(current) for _, value in options):
             options.append((str(current), current))   # a value the list lacks, e.g. 12 workers
-        w = self.w.Dropdown(options=options, description=label, style=self.style, layout=self.layout)
-        return self._control(name, w, lambda: w.value, _setter(w), shown)
+        w = self.w.Dropdown(options=options, description=meta.label, style=self.style,
+                            layout=self.layout)
+        return self._control(meta, w, lambda: w.value, _setter(w))
 
-    def integer(self, name, label, shown=_always) -> Control:
-        w = self.w.IntText(description=label, style=self.style, layout=self.layout)
-        return self._control(name, w, lambda: w.value, _setter(w), shown)
+    def number(self, meta: Setting, widget_type) -> Control:
+        w = widget_type(description=meta.label, style=self.style, layout=self.layout)
+        return self._control(meta, w, lambda: w.value, _setter(w))
 
-    def number(self, name, label, shown=_always) -> Control:
-        w = self.w.FloatText(description=label, style=self.style, layout=self.layout)
-        return self._control(name, w, lambda: w.value, _setter(w), shown)
+    def flag(self, meta: Setting) -> Control:
+        w = self.w.Checkbox(description=meta.label, style=self.style, layout=self.layout,
+                            indent=True)
+        return self._control(meta, w, lambda: w.value, _setter(w))
 
-    def flag(self, name, label, shown=_always) -> Control:
-        w = self.w.Checkbox(description=label, style=self.style, layout=self.layout, indent=True)
-        return self._control(name, w, lambda: w.value, _setter(w), shown)
-
-    def optional_int(self, name, label, placeholder, shown=_always) -> Control:
-        """A Text: empty means None, else a whole number (TrainConfig checks the range)."""
-        w = self.w.Text(description=label, placeholder=placeholder, style=self.style,
+    def text(self, meta: Setting) -> Control:
+        """A Text box: empty means None, else the value as the kind reads text
+        (TrainConfig checks the range)."""
+        kind = meta.kind.kind if isinstance(meta.kind, OrNone) else meta.kind
+        w = self.w.Text(description=meta.label, placeholder=meta.placeholder, style=self.style,
                         layout=self.layout, continuous_update=False)
 
         def read():
             text = w.value.strip()
-            if not text:
+            if not text and isinstance(meta.kind, OrNone):
                 return None
             try:
-                return int(text)
+                return kind.parse(text)
             except ValueError:
-                raise ConfigError(f"TrainConfig.{name}={text!r} is not allowed: expected a "
-                                  f"whole number, or empty ({placeholder}).") from None
+                raise rejection(meta.name, text, f"{kind.allowed}, or empty ({meta.placeholder})"
+                                if meta.placeholder else "") from None
 
         def write(value):
-            w.value = "" if value is None else str(value)
-        return self._control(name, w, read, write, shown)
+            w.value = "" if value is None else text_of(value)
+        return self._control(meta, w, read, write)
 
-    def betas(self, shown) -> Control:
-        """Adam's (beta1, beta2): two number boxes, one field."""
-        b1 = self.w.FloatText(description="beta1, beta2", style=self.style, layout=self.layout)
-        b2 = self.w.FloatText(layout=self.w.Layout(width="7em"))
+    def pair(self, meta: Setting) -> Control:
+        """Two number boxes, one field (Adam's beta1, beta2)."""
+        first = self.w.FloatText(description=meta.label, style=self.style, layout=self.layout)
+        second = self.w.FloatText(layout=self.w.Layout(width="7em"))
 
         def write(value):
-            b1.value, b2.value = value
-        return self._control("betas", self.w.HBox([b1, b2]), lambda: (b1.value, b2.value),
-                             write, shown, inputs=(b1, b2))
+            first.value, second.value = value
+        return self._control(meta, self.w.HBox([first, second]),
+                             lambda: (first.value, second.value), write, inputs=(first, second))
 
 
 def _setter(widget) -> Callable[[Any], None]:
@@ -126,52 +140,10 @@ def _setter(widget) -> Callable[[Any], None]:
 
 
 def build_controls(widgets, config: TrainConfig) -> Dict[str, List[Control]]:
-    """Every toggle of the article, grouped as the Panel's tabs show them."""
-    b = _Builder(widgets, config)
-    sgd_like = _when("optimizer", "sgd", "rmsprop")
-    return {
-        "Run": [
-            b.integer("epochs", "epochs"),
-            b.optional_int("max_steps", "max steps", "empty: epochs decide"),
-            b.integer("batch_size", "batch size"),
-            b.choice("device", "device", ["auto", "cpu", "cuda", "mps"]),
-            b.integer("log_every", "log every (steps)"),
-        ],
-        "Speed": [
-            b.choice("amp", "mixed precision", list(AMP_MODES)),
-            b.choice("pin_memory", "pin memory", AUTO_ON_OFF),
-            b.choice("num_workers", "loader workers", ["auto", 0, 1, 2, 4, 8]),
-            b.choice("num_threads", "CPU threads", ["auto", 1, 2, 4, 8]),
-            b.choice("prefetch_factor", "prefetch factor", [("default", None), 1, 2, 4, 8]),
-            b.flag("persistent_workers", "persistent workers"),
-            b.choice("data_on_device", "data on device", AUTO_ON_OFF),
-            b.choice("batched_fetch", "batched fetch", AUTO_ON_OFF),
-            b.flag("channels_last", "channels last"),
-        ],
-        "Optimizer": [
-            b.choice("optimizer", "optimizer", list(OPTIMIZERS)),
-            b.number("lr", "learning rate"),
-            b.number("weight_decay", "weight decay"),
-            b.number("momentum", "momentum", shown=sgd_like),
-            b.flag("nesterov", "Nesterov", shown=_when("optimizer", "sgd")),
-            b.betas(shown=_when("optimizer", *ADAM_FAMILY)),
-            b.number("eps", "eps", shown=lambda v: v.get("optimizer") != "sgd"),
-            b.choice("optimizer_impl", "implementation", ["auto", "fused", "foreach", "for-loop"]),
-        ],
-        "Schedule": [
-            b.choice("scheduler", "schedule", list(SCHEDULERS)),
-            b.integer("warmup_steps", "warmup steps"),
-            b.number("min_lr", "min lr", shown=_when("scheduler", "linear", "cosine", "cyclic")),
-            b.integer("step_size", "step size", shown=_when("scheduler", "step")),
-            b.number("gamma", "gamma", shown=_when("scheduler", "step", "exponential")),
-            b.integer("cycle_steps", "cycle length (steps)", shown=_when("scheduler", "cyclic")),
-            b.number("pct_start", "rising fraction", shown=_when("scheduler", "onecycle")),
-            b.number("div_factor", "start = lr /", shown=_when("scheduler", "onecycle")),
-            b.number("final_div_factor", "end = start /", shown=_when("scheduler", "onecycle")),
-            b.integer("plateau_patience", "patience (epochs)", shown=_when("scheduler", "plateau")),
-            b.number("plateau_factor", "factor", shown=_when("scheduler", "plateau")),
-        ],
-    }
+    """A control for every TrainConfig field, a tab per group of settings."""
+    builder = _Builder(widgets, config)
+    return {group.capitalize(): [builder.control_for(meta) for meta in settings_in(group)]
+            for group in GROUPS}
 
 
 def planned_total_steps(config: TrainConfig, train_data) -> Optional[int]:
@@ -193,11 +165,6 @@ def planned_total_steps(config: TrainConfig, train_data) -> Optional[int]:
     except TypeError:   # an IterableDataset: no length until it runs
         return None
     return planned_steps(config, batches) or None
-
-
-def _field_named(error: Exception) -> Optional[str]:
-    found = re.search(r"TrainConfig\.(\w+)", str(error))
-    return found.group(1) if found else None
 
 
 def _duration(seconds: float) -> str:
@@ -356,7 +323,7 @@ class Panel:
     def _show_config_error(self, exc: ConfigError, changed: Optional[str], raw: dict) -> None:
         self.error = str(exc)
         self._show_visible(raw)
-        named = self.controls.get(_field_named(exc))
+        named = self.controls.get(getattr(exc, "field", None))
         target = named if named is not None and named.row.layout.display != "none" \
             else self.controls.get(changed)
         for control in self.controls.values():
@@ -394,7 +361,7 @@ class Panel:
                       background=True, progress=False, **kwargs)
         except (ConfigError, ValueError, TypeError, RuntimeError) as exc:
             # Settings only the engine can check (no GPU for cuda, bf16 on an old GPU, ...)
-            named = self.controls.get(_field_named(exc))
+            named = self.controls.get(getattr(exc, "field", None))
             if named is not None:
                 named.show_error(str(exc))
             self._note = f"could not start: {exc}"
