@@ -22,7 +22,7 @@ pytest.importorskip("ipywidgets")
 pytest.importorskip("anywidget")
 pytest.importorskip("plotly")
 
-from nbtrain.config import FIELD_NAMES, SETTINGS  # noqa: E402
+from nbtrain.config import FIELD_NAMES, GROUPS, SETTINGS  # noqa: E402
 from nbtrain.dashboard import Dashboard, Decimated, planned_lr  # noqa: E402
 from nbtrain.panel import Panel  # noqa: E402
 
@@ -96,7 +96,7 @@ def test_every_config_field_has_a_control_on_its_groups_tab(make_panel):
     panel = make_panel()
     assert set(panel.controls) == set(FIELD_NAMES)
     for tab, controls in panel.groups.items():
-        assert {SETTINGS[c.field].group.capitalize() for c in controls} == {tab}
+        assert {GROUPS[SETTINGS[c.field].group][1] for c in controls} == {tab}
 
 
 def test_text_boxes_read_empty_as_none_and_name_a_bad_value(make_panel):

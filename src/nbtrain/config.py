@@ -28,10 +28,12 @@ OPTIMIZER_IMPLS = ("auto", "fused", "foreach", "for-loop")
 ON_NAN = ("stop", "skip")
 MP_CONTEXTS = (None, "fork", "spawn", "forkserver")
 
-# The groups, in the order the magic's help and the panel's tabs show them.
-GROUPS = {"length": "Length", "device": "Device and precision", "data path": "Data path",
-          "optimizer": "Optimizer", "schedule": "LR schedule", "step": "Step",
-          "bookkeeping": "Bookkeeping"}
+# The groups, in the order the magic's help and the panel's tabs show them:
+# key -> (heading in `%%fasttrain?`, the panel's tab; short, as seven tabs share a row).
+GROUPS = {"length": ("Length", "Length"), "device": ("Device and precision", "Device"),
+          "data path": ("Data path", "Data"), "optimizer": ("Optimizer", "Optimizer"),
+          "schedule": ("LR schedule", "Schedule"), "step": ("Step", "Step"),
+          "bookkeeping": ("Bookkeeping", "Logging")}
 
 
 class ConfigError(ValueError):

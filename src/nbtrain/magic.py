@@ -63,7 +63,7 @@ def _with_config_options(magic_method):
     magic_arguments builds the parser from the decorators in reverse order of application,
     so they are applied last field first.
     """
-    for group, title in reversed(GROUPS.items()):
+    for group, (title, _tab) in reversed(GROUPS.items()):
         for meta in reversed(settings_in(group)):
             magic_method = _option(meta)(magic_method)
         magic_method = _group(title)(magic_method)

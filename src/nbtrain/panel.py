@@ -142,8 +142,8 @@ def _setter(widget) -> Callable[[Any], None]:
 def build_controls(widgets, config: TrainConfig) -> Dict[str, List[Control]]:
     """A control for every TrainConfig field, a tab per group of settings."""
     builder = _Builder(widgets, config)
-    return {group.capitalize(): [builder.control_for(meta) for meta in settings_in(group)]
-            for group in GROUPS}
+    return {tab: [builder.control_for(meta) for meta in settings_in(group)]
+            for group, (_title, tab) in GROUPS.items()}
 
 
 def planned_total_steps(config: TrainConfig, train_data) -> Optional[int]:
@@ -280,7 +280,8 @@ class Panel:
     # -- inside: layout -----------------------------------------------------------------------
     def _build_layout(self, widgets) -> None:
         tabs = widgets.Tab(children=[widgets.VBox([c.row for c in group])
-                                     for group in self.groups.values()])
+                                     for group in self.groups.values()],
+                           layout=widgets.Layout(width="56%"))   # seven tabs in one row
         for i, name in enumerate(self.groups):
             tabs.set_title(i, name)
         self.train_button = widgets.Button(description="Train", button_style="success", icon="play")
@@ -294,7 +295,7 @@ class Panel:
         self.resolved = widgets.HTML(value="")   # what "auto" became, and why
         buttons = widgets.HBox([self.train_button, self.stop_button, self.resume_button])
         side = widgets.VBox([buttons, self.status, self.message, self.resolved],
-                            layout=widgets.Layout(padding="0 0 0 1em", width="50%"))
+                            layout=widgets.Layout(padding="0 0 0 1em", width="44%"))
         self.widget = widgets.VBox([widgets.HBox([tabs, side]), self.dashboard.widget])
         self.widget.add_class("nbtrain-panel")
 
