@@ -30,12 +30,13 @@ from typing import Callable, Dict, List, Optional
 import torch
 from torch.utils.data import DataLoader
 
-from .compare import display_with_figure, fresh_model, html_table, text_table
+from .compare import display_with_figure, html_table, text_table
 from .config import TrainConfig, as_config
 from .data import available_cores
 from .data.batches import as_tensors
 from .devices import cpu_bf16_feature, gpu_has_bf16, resolve_device
 from .loop import fit
+from .models import fresh_model
 
 TUNABLE = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory",
            "data_on_device", "batched_fetch", "amp", "channels_last", "batch_size")

@@ -9,7 +9,6 @@ The table and display helpers at the bottom are shared by lr_find and autotune.
 """
 from __future__ import annotations
 
-import copy
 import gc
 import html
 import math
@@ -23,6 +22,7 @@ import torch
 from .config import ConfigError, TrainConfig, as_config
 from .devices import resolve_device
 from .loop import fit
+from .models import fresh_model, initial_weights
 from .run import Run, TrainingError
 
 # (column title, row key): the text table always has these columns, in this order.
@@ -87,26 +87,6 @@ def _resolve_configs(configs, base) -> Dict[str, TrainConfig]:
             raise TypeError(f"configs[{name!r}] must be a TrainConfig or a dict of overrides; "
                             f"got {type(cfg).__name__}.")
     return out
-
-
-def fresh_model(make_model) -> torch.nn.Module:
-    """A new model from a factory, or a deep copy of a given model (left untouched)."""
-    if isinstance(make_model, torch.nn.Module):
-        return copy.deepcopy(make_model)
-    if not callable(make_model):
-        raise TypeError(f"make_model must be a function returning a torch.nn.Module (or a "
-                        f"model to copy); got {type(make_model).__name__}.")
-    model = make_model()
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"make_model() must return a torch.nn.Module; got "
-                        f"{type(model).__name__}. Pass the function, e.g. make_model=make_mlp.")
-    return model
-
-
-def initial_weights(make_model, seed: int) -> dict:
-    """The weights every config of `seed` starts from: built once, deep-copied."""
-    torch.manual_seed(seed)
-    return copy.deepcopy(fresh_model(make_model).state_dict())
 
 
 def _warm_up(make_model, train_data, loss_fn, name: str, cfg: TrainConfig) -> None:
