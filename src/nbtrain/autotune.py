@@ -30,13 +30,14 @@ from typing import Callable, Dict, List, Optional
 import torch
 from torch.utils.data import DataLoader
 
-from .compare import display_with_figure, html_table, text_table
 from .config import TrainConfig, as_config
 from .data import available_cores
 from .data.batches import as_tensors
 from .devices import cpu_bf16_feature, gpu_has_bf16, resolve_device
+from .display import display_with_figure
 from .loop import fit
 from .models import fresh_model
+from .tables import html_table, text_table
 
 TUNABLE = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory",
            "data_on_device", "batched_fetch", "amp", "channels_last", "batch_size")
