@@ -22,7 +22,6 @@ import math
 import os
 import platform
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
@@ -35,6 +34,7 @@ from .data import available_cores
 from .data.batches import as_tensors
 from .devices import cpu_bf16_feature, gpu_has_bf16, resolve_device
 from .display import display_with_figure
+from .files import atomic_write
 from .loop import fit
 from .models import fresh_model
 from .tables import html_table, text_table
@@ -625,9 +625,5 @@ def load_cached(key: str) -> Optional[dict]:
 
 def save_cached(key: str, entry: dict) -> None:
     """Write atomically: a second notebook reading the cache never sees half a file."""
-    path = _cache_file(key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
+    with atomic_write(_cache_file(key), "w") as f:
         json.dump(entry, f, indent=1, default=str)
-    os.replace(tmp, path)
