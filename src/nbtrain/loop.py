@@ -17,6 +17,7 @@ from .config import ConfigError, TrainConfig, as_config
 from .data import (describe_bad_sample, first_batch, make_batches, make_mover,
                    prefetch_to_device, resolve_prefetch)
 from .data.culprit import worker_died
+from .data.nested import batch_len
 from .devices import (autocast_context, cpu_bf16_choice, resolve_amp, resolve_device,
                       resolve_threads)
 from .memory import checkpointed_forward, leaves_no_trace, release
@@ -343,7 +344,7 @@ def _step(run: Run, parts: Parts, window, meter: Interval) -> None:
         with autocast_context(parts.amp, parts.device):
             _, loss = outputs_and_loss(parts.forward, parts.loss_fn, batch)
         losses.append(loss.detach())
-        meter.add(losses[-1], _batch_len(batch))
+        meter.add(losses[-1], batch_len(batch))
         if len(window) > 1:
             loss = loss / len(window)
         scaler.scale(loss).backward()
@@ -383,14 +384,6 @@ def outputs_and_loss(forward: Callable, loss_fn: Optional[Callable], batch):
         raise ValueError(f"the loss must be a scalar tensor; got {what}. Average it "
                          "(e.g. reduction='mean') or return loss.mean().")
     return out, loss
-
-
-def _batch_len(batch) -> int:
-    while isinstance(batch, (tuple, list)):
-        batch = batch[0]
-    if isinstance(batch, dict):
-        batch = next(iter(batch.values()))
-    return len(batch)
 
 
 def _applied_lr(opt) -> float:
@@ -444,7 +437,7 @@ def evaluate(run: Run, parts: Parts) -> dict:
         batch = parts.val_move(batch)
         with autocast_context(parts.amp, parts.device):   # one forward, even without loss_fn
             out, loss = outputs_and_loss(parts.forward, parts.loss_fn, batch)
-        n = _batch_len(batch)
+        n = batch_len(batch)
         loss_sum += loss.float() * n
         count += n
         target = batch[-1] if parts.loss_fn else None
