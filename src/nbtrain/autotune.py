@@ -30,9 +30,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from .config import TrainConfig, as_config
-from .data import available_cores
 from .data.batches import as_tensors
-from .devices import cpu_bf16_feature, gpu_has_bf16, resolve_device
+from .devices import available_cores, cpu_bf16_feature, gpu_has_bf16, resolve_device
 from .display import display_with_figure
 from .files import atomic_write
 from .loop import fit

@@ -7,6 +7,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..config import ConfigError, TrainConfig
+from ..devices import available_cores
 from .batches import (ByValue, EpochBatchSampler, GivenLoader, LoaderBatches, TensorBatches,
                       as_tensors, describe_bad_sample)
 from .nested import map_tensors
@@ -22,14 +23,6 @@ def __getattr__(name):   # lmdb is imported only by those who use it
     raise AttributeError(f"module 'nbtrain.data' has no attribute {name!r}")
 
 Resolved = Dict[str, Tuple[object, str]]
-
-
-def available_cores() -> int:
-    """CPUs this process may use: its affinity mask and any cgroup CPU quota (Docker,
-    Kubernetes, Binder), which `os.cpu_count()` ignores. joblib (a scikit-learn
-    dependency) reads both; LOKY_MAX_CPU_COUNT caps it by hand."""
-    import joblib
-    return joblib.cpu_count()
 
 
 def make_batches(data, cfg: TrainConfig, device: torch.device, resolved: Resolved):
