@@ -306,3 +306,14 @@ def test_a_given_dataloader_is_tuned_only_where_it_can_be():
                       budget_s=1, cache=False, space={"amp": ["off"]})
     assert set(tuning.settings) == {"amp", "channels_last"}
     assert tuning.config.amp == "off"
+
+
+def test_a_failed_cache_write_keeps_the_old_entry_and_leaves_no_temp_file(cache_in_tmp):
+    entry = {"version": at.CACHE_VERSION, "trials": []}
+    at.save_cached("k", entry)
+    circular = {"version": at.CACHE_VERSION}
+    circular["self"] = circular
+    with pytest.raises(ValueError, match="Circular"):   # json.dump fails mid-write
+        at.save_cached("k", circular)
+    assert [p.name for p in (cache_in_tmp / "autotune").iterdir()] == ["k.json"]
+    assert at.load_cached("k") == entry

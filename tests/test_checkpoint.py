@@ -111,3 +111,12 @@ def test_two_runs_resumed_from_one_run_do_not_share_its_state(blobs):
             assert torch.equal(v, before[i][k]), (i, k)
     for k, v in source.model.state_dict().items():
         assert torch.equal(v, weights_before[k])
+
+
+def test_a_failed_save_keeps_the_old_checkpoint_and_leaves_no_temp_file(tmp_path):
+    path = tmp_path / "last.pt"
+    ckpt.save({"step": 1}, path)
+    with pytest.raises(Exception):   # a lambda cannot be pickled: torch.save fails mid-write
+        ckpt.save({"step": 2, "bad": lambda: None}, path)
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+    assert torch.load(path, weights_only=True) == {"step": 1}

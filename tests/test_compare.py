@@ -152,7 +152,7 @@ def test_without_plotly_the_table_still_shows_and_says_how_to_get_charts(blobs, 
     import IPython.display
     shown = []
     monkeypatch.setattr(IPython.display, "display", lambda obj, **kw: shown.append(obj))
-    monkeypatch.setattr(sys.modules["nbtrain.compare"], "_warned_plotly", False)
+    monkeypatch.setattr(sys.modules["nbtrain.display"], "_warned_plotly", False)
     monkeypatch.setitem(sys.modules, "plotly.io", None)   # import plotly.io -> ImportError
     cmp = compare(mlp, blobs, F.cross_entropy, configs={"a": {}}, base=quick(max_steps=5))
     with pytest.warns(UserWarning, match="pip install plotly"):

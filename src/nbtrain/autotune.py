@@ -22,7 +22,6 @@ import math
 import os
 import platform
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
@@ -30,12 +29,14 @@ from typing import Callable, Dict, List, Optional
 import torch
 from torch.utils.data import DataLoader
 
-from .compare import display_with_figure, fresh_model, html_table, text_table
 from .config import SETTINGS, TrainConfig, as_config
-from .data import available_cores
 from .data.batches import as_tensors
-from .devices import cpu_bf16_feature, gpu_has_bf16, resolve_device
+from .devices import available_cores, cpu_bf16_feature, gpu_has_bf16, resolve_device
+from .display import display_with_figure
+from .files import atomic_write
 from .loop import fit
+from .models import fresh_model
+from .tables import html_table, text_table
 
 # What autotune searches, and what it leaves out of its cache key, come from each
 # setting's `speed` in config.py: "tuned" fields are searched; fields that do not change
@@ -621,9 +622,5 @@ def load_cached(key: str) -> Optional[dict]:
 
 def save_cached(key: str, entry: dict) -> None:
     """Write atomically: a second notebook reading the cache never sees half a file."""
-    path = _cache_file(key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
+    with atomic_write(_cache_file(key), "w") as f:
         json.dump(entry, f, indent=1, default=str)
-    os.replace(tmp, path)

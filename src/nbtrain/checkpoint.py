@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import copy
 import os
-import tempfile
 from pathlib import Path
 
 import torch
+
+from .files import atomic_write
 
 FORMAT = 1
 
@@ -55,17 +56,8 @@ def path_in(folder) -> str:
 
 def save(state: dict, path) -> str:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with atomic_write(path) as f:
+        torch.save(state, f)
     return str(path)
 
 

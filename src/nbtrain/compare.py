@@ -4,17 +4,12 @@ A comparison is only fair when the configs differ in nothing but their settings:
 seed builds the model once and every config starts from a copy of those weights, and
 every config's run uses that seed, so all see the same permutation of the data (the
 order is a function of TrainConfig.seed, see data/batches.py) and the same dropout.
-
-The table and display helpers at the bottom are shared by lr_find and autotune.
 """
 from __future__ import annotations
 
-import copy
 import gc
-import html
 import math
 import statistics
-import warnings
 import weakref
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
@@ -22,8 +17,11 @@ import torch
 
 from .config import ConfigError, TrainConfig, as_config
 from .devices import resolve_device
+from .display import display_with_figure
 from .loop import fit
+from .models import fresh_model, initial_weights
 from .run import Run, TrainingError
+from .tables import cell, html_table, text_table
 
 # (column title, row key): the text table always has these columns, in this order.
 COLUMNS = (("config", "name"), ("samples/s", "samples_per_s"), ("wall s", "wall_s"),
@@ -87,26 +85,6 @@ def _resolve_configs(configs, base) -> Dict[str, TrainConfig]:
             raise TypeError(f"configs[{name!r}] must be a TrainConfig or a dict of overrides; "
                             f"got {type(cfg).__name__}.")
     return out
-
-
-def fresh_model(make_model) -> torch.nn.Module:
-    """A new model from a factory, or a deep copy of a given model (left untouched)."""
-    if isinstance(make_model, torch.nn.Module):
-        return copy.deepcopy(make_model)
-    if not callable(make_model):
-        raise TypeError(f"make_model must be a function returning a torch.nn.Module (or a "
-                        f"model to copy); got {type(make_model).__name__}.")
-    model = make_model()
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"make_model() must return a torch.nn.Module; got "
-                        f"{type(model).__name__}. Pass the function, e.g. make_model=make_mlp.")
-    return model
-
-
-def initial_weights(make_model, seed: int) -> dict:
-    """The weights every config of `seed` starts from: built once, deep-copied."""
-    torch.manual_seed(seed)
-    return copy.deepcopy(fresh_model(make_model).state_dict())
 
 
 def _warm_up(make_model, train_data, loss_fn, name: str, cfg: TrainConfig) -> None:
@@ -178,12 +156,12 @@ class Comparison:
         return comparison_figure(self.runs)
 
     def __repr__(self) -> str:
-        target = f"target loss {_fmt(self.target_loss)}"
+        target = f"target loss {cell(self.target_loss)}"
         return text_table(COLUMNS, self.rows) + f"\n({target}; means over seeds)"
 
     def _repr_html_(self) -> str:
         return html_table(COLUMNS, self.rows) + \
-            f"<p>target loss {_fmt(self.target_loss)}; means over seeds</p>"
+            f"<p>target loss {cell(self.target_loss)}; means over seeds</p>"
 
     def _ipython_display_(self) -> None:
         display_with_figure(self, self.figure)
@@ -283,61 +261,3 @@ def comparison_figure(runs: Dict[str, List[Run]]):
     fig.update_yaxes(type=scale, row=1, col=2)
     fig.update_layout(height=360, margin=dict(t=40, b=40, l=50, r=20))
     return fig
-
-
-# -- tables and notebook display (shared with lr_find and autotune) --------------------------
-def _fmt(value) -> str:
-    if isinstance(value, bool) or value is None:
-        return "-" if value is None else str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return "-"
-        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
-    return str(value)
-
-
-def text_table(columns, rows: List[dict]) -> str:
-    """Fixed columns, one line per row; missing or NaN values print as '-'."""
-    cells = [[title for title, _ in columns]]
-    cells += [[_fmt(row.get(key)) for _, key in columns] for row in rows]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                       for i, (c, w) in enumerate(zip(line, widths))) for line in cells]
-    return "\n".join(lines)
-
-
-def html_table(columns, rows: List[dict]) -> str:
-    head = "".join(f"<th>{html.escape(title)}</th>" for title, _ in columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(row.get(key)))}</td>"
-                                    for _, key in columns) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-_warned_plotly = False
-
-
-def display_with_figure(obj, make_figure: Optional[Callable] = None) -> None:
-    """In a notebook: the Plotly figure (if any), then `obj`'s table (text and HTML)."""
-    from IPython.display import display
-    fig = _figure_to_show(make_figure)
-    if fig is not None:
-        display(fig)
-    display({"text/plain": repr(obj), "text/html": obj._repr_html_()}, raw=True)
-
-
-def _figure_to_show(make_figure: Optional[Callable]):
-    """The figure, or None: no chart asked for, no plotly (a one-time warning says how
-    to get it), or no renderer (a terminal IPython, where plotly would print the
-    figure's whole JSON)."""
-    global _warned_plotly
-    if make_figure is None:
-        return None
-    try:
-        import plotly.io as pio
-    except ImportError:
-        if not _warned_plotly:
-            _warned_plotly = True
-            warnings.warn("nbtrain: charts need plotly: pip install 'nbtrain[notebook]' "
-                          "(or pip install plotly). Showing the table only.")
-        return None
-    return make_figure() if pio.renderers.default else None

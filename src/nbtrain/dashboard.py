@@ -28,6 +28,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from .tables import formatted
+
 # Fail at import, cheaply (no plotly import yet), when a package is missing: callers such
 # as `%%fasttrain --panel` then fall back to the progress bar on ImportError.
 _MISSING = [name for name in ("plotly", "anywidget", "ipywidgets")
@@ -592,22 +594,17 @@ def _settings_text(run) -> str:
             f"lr={cfg.lr:g} {sched}")
 
 
-def _fmt(value, spec: str) -> str:
-    return "-" if value is None or (isinstance(value, float) and not math.isfinite(value)) \
-        else format(value, spec)
-
-
 def _table_row(slot: Slot) -> List[str]:
     run = slot.run
     total = run.total_steps if run.total_steps is not None else "?"
     cuda = math.isfinite(slot.peak_cuda_mb)
-    peak = _fmt(slot.peak_cuda_mb if cuda else slot.peak_rss_mb, ",.0f")
+    peak = formatted(slot.peak_cuda_mb if cuda else slot.peak_rss_mb, ",.0f")
     peak += " (CUDA)" if cuda else (" (RSS)" if peak != "-" else "")
     last, val = slot.last_train or {}, slot.last_val or {}
     return [f'<span style="color:{slot.color}">&#9632;</span>&nbsp;{html.escape(slot.label)}',
             html.escape(_settings_text(run)), html.escape(run.state), f"{run.step}/{total}",
-            _fmt(slot.samples_per_s, ",.0f"), peak, _fmt(last.get("loss"), ".4g"),
-            _fmt(val.get("val_loss"), ".4g"), _fmt(val.get("val_acc"), ".1%")]
+            formatted(slot.samples_per_s, ",.0f"), peak, formatted(last.get("loss"), ".4g"),
+            formatted(val.get("val_loss"), ".4g"), formatted(val.get("val_acc"), ".1%")]
 
 
 TABLE_HEAD = ("run", "settings", "state", "steps", "samples/s", "peak memory MB",

@@ -143,6 +143,14 @@ def measure_bf16_speedup(step, reps: int = 3) -> float:
     return best["off"] / best["bf16"]
 
 
+def available_cores() -> int:
+    """CPUs this process may use: its affinity mask and any cgroup CPU quota (Docker,
+    Kubernetes, Binder), which `os.cpu_count()` ignores. joblib (a scikit-learn
+    dependency) reads both; LOKY_MAX_CPU_COUNT caps it by hand."""
+    import joblib
+    return joblib.cpu_count()
+
+
 def resolve_threads(requested, device: torch.device, workers: int) -> Choice:
     """Intra-op threads for the run. Worker processes load on the same cores as a CPU
     run's matmuls: both at full width oversubscribe them (bench/threads.py: 1 worker on
@@ -152,7 +160,6 @@ def resolve_threads(requested, device: torch.device, workers: int) -> Choice:
         return requested, "asked for"
     if device.type != "cpu" or workers == 0:
         return current, "torch's setting: no worker process shares the cores with training"
-    from .data import available_cores
     cores = available_cores()
     threads = max(1, min(current, cores - workers))
     return threads, (f"{workers} worker process(es) load on the other cores: training keeps "

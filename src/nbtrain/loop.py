@@ -17,8 +17,10 @@ from .config import ConfigError, TrainConfig, as_config
 from .data import (describe_bad_sample, first_batch, make_batches, make_mover,
                    prefetch_to_device, resolve_prefetch)
 from .data.culprit import worker_died
+from .data.nested import batch_len
 from .devices import (autocast_context, cpu_bf16_choice, resolve_amp, resolve_device,
                       resolve_threads)
+from .losses import outputs_and_loss
 from .memory import checkpointed_forward, leaves_no_trace, release
 from .optim import build_optimizer, resolve_impl
 from .run import Run, TrainingError
@@ -343,7 +345,7 @@ def _step(run: Run, parts: Parts, window, meter: Interval) -> None:
         with autocast_context(parts.amp, parts.device):
             _, loss = outputs_and_loss(parts.forward, parts.loss_fn, batch)
         losses.append(loss.detach())
-        meter.add(losses[-1], _batch_len(batch))
+        meter.add(losses[-1], batch_len(batch))
         if len(window) > 1:
             loss = loss / len(window)
         scaler.scale(loss).backward()
@@ -362,35 +364,6 @@ def _step(run: Run, parts: Parts, window, meter: Interval) -> None:
 def _all_finite(losses) -> bool:
     """Whether every micro-batch's loss is finite: one bad one spoils the summed gradient."""
     return bool(torch.isfinite(torch.stack(losses)).all())
-
-
-def outputs_and_loss(forward: Callable, loss_fn: Optional[Callable], batch):
-    """(model output, scalar loss) for one batch: `loss_fn(forward(*inputs), targets)`, or
-    with no loss_fn the model's own loss (a tensor, or a dict / object with `loss`)."""
-    if loss_fn is None:
-        out = forward(batch)
-        loss = out["loss"] if isinstance(out, dict) else getattr(out, "loss", out)
-    elif isinstance(batch, (tuple, list)) and len(batch) >= 2:
-        out = forward(*batch[:-1])
-        loss = loss_fn(out, batch[-1])
-    else:
-        raise TypeError(f"with a loss_fn each batch must be (inputs, targets); got a "
-                        f"{type(batch).__name__}. Pass loss_fn=None and make the model "
-                        "return the loss for other batch shapes.")
-    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-        what = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) \
-            else type(loss).__name__
-        raise ValueError(f"the loss must be a scalar tensor; got {what}. Average it "
-                         "(e.g. reduction='mean') or return loss.mean().")
-    return out, loss
-
-
-def _batch_len(batch) -> int:
-    while isinstance(batch, (tuple, list)):
-        batch = batch[0]
-    if isinstance(batch, dict):
-        batch = next(iter(batch.values()))
-    return len(batch)
 
 
 def _applied_lr(opt) -> float:
@@ -444,7 +417,7 @@ def evaluate(run: Run, parts: Parts) -> dict:
         batch = parts.val_move(batch)
         with autocast_context(parts.amp, parts.device):   # one forward, even without loss_fn
             out, loss = outputs_and_loss(parts.forward, parts.loss_fn, batch)
-        n = _batch_len(batch)
+        n = batch_len(batch)
         loss_sum += loss.float() * n
         count += n
         target = batch[-1] if parts.loss_fn else None

@@ -14,9 +14,10 @@ import math
 import statistics
 from typing import Callable, List, Optional, Tuple
 
-from .compare import display_with_figure, fresh_model
 from .config import as_config
+from .display import display_with_figure
 from .loop import fit
+from .models import fresh_model
 from .run import Run
 from .schedule import Schedule
 

@@ -11,6 +11,7 @@ from typing import Callable, Optional
 import torch
 
 from .config import ConfigError, TrainConfig
+from .losses import outputs_and_loss
 
 
 def _mb(nbytes: float) -> float:
@@ -129,7 +130,6 @@ def max_batch_size(model: torch.nn.Module, train_data, loss_fn: Optional[Callabl
     """
     from .data.batches import as_tensors
     from .devices import autocast_context, resolve_amp, resolve_device
-    from .loop import outputs_and_loss   # here: loop imports this module
     cfg = config or TrainConfig()
     device, _ = resolve_device(cfg.device)
     amp, _ = resolve_amp(cfg.amp, device)

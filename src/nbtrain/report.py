@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 
+from .tables import plain
+
 
 def summarize(run) -> dict:
     train = run.records("train")
@@ -40,21 +42,15 @@ def summarize(run) -> dict:
     return out
 
 
-def _fmt(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
 def summary_table(run) -> str:
     """Two blocks: results, then each resolved setting with its reason."""
     s = summarize(run)
     rows = [("state", s["state"]), ("steps", f"{s['steps']}/{s['total_steps']}"),
             ("samples/s", f"{s['samples_per_s']:,.0f}" if s["samples"] else "-"),
-            ("wall time", f"{s['wall_s']:.2f} s"), ("final loss", _fmt(s["final_loss"]))]
+            ("wall time", f"{s['wall_s']:.2f} s"), ("final loss", plain(s["final_loss"]))]
     for key, label in (("val_loss", "val loss"), ("val_acc", "val accuracy")):
         if key in s:
-            rows.append((label, _fmt(s[key])))
+            rows.append((label, plain(s[key])))
     if "diagnosis" in s:
         rows.append(("time split", f"data wait {s['data_wait_frac']:.0%}, copy "
                                    f"{s['copy_frac']:.0%}, compute {s['compute_frac']:.0%}"))
@@ -64,6 +60,6 @@ def summary_table(run) -> str:
     width = max(len(name) for name in [k for k, _ in rows] + list(s["settings"])) + 2
     lines = [f"{k:<{width}}{v}" for k, v in rows]
     lines.append("")
-    lines += [f"{name:<{width}}{_fmt(value):<10}{s['reasons'][name]}"
+    lines += [f"{name:<{width}}{plain(value):<10}{s['reasons'][name]}"
               for name, value in s["settings"].items()]
     return "\n".join(lines)

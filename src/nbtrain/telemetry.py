@@ -11,6 +11,8 @@ from typing import Optional
 
 import torch
 
+from .devices import available_cores
+
 
 class HostTimer:
     """CPU: an op has finished when its call returns, so host time is the work's time.
@@ -356,7 +358,6 @@ def _input_fixes(resolved: dict) -> str:
     if _value(resolved, "batched_fetch") is False and workers == 0:
         tips.append("batched_fetch=True")
     if workers is not None and _value(resolved, "batched_fetch") is False:
-        from .data import available_cores
         tips.append(f"num_workers={min(max(workers * 2, 2), available_cores())}")
     if not _value(resolved, "data_on_device", True):
         tips.append("data_on_device=True")

@@ -7,8 +7,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..config import ConfigError, TrainConfig
+from ..devices import available_cores
 from .batches import (ByValue, EpochBatchSampler, GivenLoader, LoaderBatches, TensorBatches,
                       as_tensors, describe_bad_sample)
+from .nested import map_tensors
 
 __all__ = ["make_batches", "make_mover", "first_batch", "describe_bad_sample", "TensorBatches",
            "pack_lmdb", "LMDBDataset", "prefetch_to_device"]
@@ -21,14 +23,6 @@ def __getattr__(name):   # lmdb is imported only by those who use it
     raise AttributeError(f"module 'nbtrain.data' has no attribute {name!r}")
 
 Resolved = Dict[str, Tuple[object, str]]
-
-
-def available_cores() -> int:
-    """CPUs this process may use: its affinity mask and any cgroup CPU quota (Docker,
-    Kubernetes, Binder), which `os.cpu_count()` ignores. joblib (a scikit-learn
-    dependency) reads both; LOKY_MAX_CPU_COUNT caps it by hand."""
-    import joblib
-    return joblib.cpu_count()
 
 
 def make_batches(data, cfg: TrainConfig, device: torch.device, resolved: Resolved):
@@ -196,17 +190,14 @@ def make_mover(device: torch.device, pinned: bool, resident: bool,
         return _identity
     non_blocking = pinned   # only a copy from pinned memory can be asynchronous
 
+    def to_device(tensor: torch.Tensor) -> torch.Tensor:
+        tensor = tensor.to(device, non_blocking=non_blocking)
+        if channels_last and tensor.dim() == 4:
+            tensor = tensor.contiguous(memory_format=torch.channels_last)
+        return tensor
+
     def move(batch):
-        if isinstance(batch, torch.Tensor):
-            batch = batch.to(device, non_blocking=non_blocking)
-            if channels_last and batch.dim() == 4:
-                batch = batch.contiguous(memory_format=torch.channels_last)
-            return batch
-        if isinstance(batch, (tuple, list)):
-            return type(batch)(move(b) for b in batch)
-        if isinstance(batch, dict):
-            return {k: move(v) for k, v in batch.items()}
-        return batch
+        return map_tensors(to_device, batch)
     return move
 
 

@@ -12,6 +12,8 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from .nested import structure
+
 
 def epoch_order(n: int, shuffle: bool, seed: int, epoch: int) -> torch.Tensor:
     """Sample order of one epoch; its own generator leaves the global RNG alone."""
@@ -169,7 +171,7 @@ def describe_bad_sample(dataset, indices: List[int]) -> Optional[str]:
     signatures = {}
     for i in indices:
         try:
-            signatures[i] = _signature(dataset[i])
+            signatures[i] = structure(dataset[i], _leaf_signature)
         except Exception as exc:
             return f"sample {i} raised {type(exc).__name__}: {exc}"
     first = signatures[indices[0]]
@@ -179,14 +181,10 @@ def describe_bad_sample(dataset, indices: List[int]) -> Optional[str]:
     return None
 
 
-def _signature(item):
-    if isinstance(item, torch.Tensor):
-        return ("tensor", tuple(item.shape), item.dtype)
-    if isinstance(item, (tuple, list)):
-        return tuple(_signature(x) for x in item)
-    if isinstance(item, dict):
-        return tuple(sorted((k, _signature(v)) for k, v in item.items()))
-    return type(item).__name__
+def _leaf_signature(leaf):
+    if isinstance(leaf, torch.Tensor):
+        return ("tensor", tuple(leaf.shape), leaf.dtype)
+    return type(leaf).__name__
 
 
 def _describe(sig) -> str:

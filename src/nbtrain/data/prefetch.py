@@ -5,18 +5,14 @@ from typing import Callable, Iterator
 
 import torch
 
+from .nested import tensors
+
 
 def _record_stream(batch, stream) -> None:
     """Tell the caching allocator `batch` is used on `stream`: without this, memory
     allocated on the side stream could be reused while the main stream still reads it."""
-    if isinstance(batch, torch.Tensor):
-        batch.record_stream(stream)
-    elif isinstance(batch, (tuple, list)):
-        for b in batch:
-            _record_stream(b, stream)
-    elif isinstance(batch, dict):
-        for b in batch.values():
-            _record_stream(b, stream)
+    for tensor in tensors(batch):
+        tensor.record_stream(stream)
 
 
 class CudaPrefetcher:

@@ -1,0 +1,56 @@
+"""Walking a nested batch: a tensor, or tuples, lists and dicts of them, nested.
+
+Every place that looks inside a batch (moving it to the device, marking it used on a
+CUDA stream, describing a bad sample, counting a batch's samples) goes through here,
+so they all agree on what a batch may hold. Anything else in a batch (a string, a
+number, None) is a leaf, passed on as it is.
+"""
+from __future__ import annotations
+
+from typing import Callable, List
+
+import torch
+
+
+def _rebuild(batch, leaf: Callable, sequence: Callable, mapping: Callable):
+    """The one recursion: `leaf(x)` for each leaf, then `sequence(original, parts)` puts a
+    tuple's or list's parts back together and `mapping(pairs)` a dict's (key, part)s."""
+    if isinstance(batch, (tuple, list)):
+        return sequence(batch, [_rebuild(b, leaf, sequence, mapping) for b in batch])
+    if isinstance(batch, dict):
+        return mapping([(k, _rebuild(v, leaf, sequence, mapping)) for k, v in batch.items()])
+    return leaf(batch)
+
+
+def map_tensors(fn: Callable, batch):
+    """`batch` with `fn(t)` for each tensor `t`: tuples and lists keep their type, a dict
+    becomes a plain dict, other leaves stay as they are.
+
+    >>> map_tensors(lambda t: t.to("cuda"), {"x": x, "y": [y, "label"]})
+    """
+    return _rebuild(batch, lambda x: fn(x) if isinstance(x, torch.Tensor) else x,
+                    lambda seq, parts: type(seq)(parts), dict)
+
+
+def tensors(batch) -> List[torch.Tensor]:
+    """Every tensor in `batch`, in order."""
+    found: List[torch.Tensor] = []
+    map_tensors(found.append, batch)   # the rebuilt copy is dropped: only the visit counts
+    return found
+
+
+def structure(batch, leaf: Callable):
+    """A comparable summary of `batch`: `leaf(x)` for each leaf, a tuple for a tuple or a
+    list alike, a dict as its (key, summary) pairs sorted by key (so key order does not
+    count)."""
+    return _rebuild(batch, leaf, lambda _, parts: tuple(parts), lambda pairs: tuple(sorted(pairs)))
+
+
+def batch_len(batch) -> int:
+    """Samples in a batch: the length of its first tensor (the first element of tuples and
+    lists, then the first value of a dict)."""
+    while isinstance(batch, (tuple, list)):
+        batch = batch[0]
+    if isinstance(batch, dict):
+        batch = next(iter(batch.values()))
+    return len(batch)

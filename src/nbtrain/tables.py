@@ -1,0 +1,53 @@
+"""How numbers look in nbtrain's tables: text, HTML, and the few formats they share.
+
+Three formats, because the tables say different things:
+
+- `formatted(value, spec)`: a measured value with a given format; '-' when there is none
+  (None, or NaN: no validation, target never reached).
+- `cell(value)`: a cell of a results table (compare, autotune) whose columns mix
+  counts, rates and losses: 1,234 above a thousand, 4 significant digits below.
+- `plain(value)`: a run's summary (`print(run)`), where a NaN loss must read "nan"
+  (the run diverged) rather than look like a missing value.
+"""
+from __future__ import annotations
+
+import html
+import math
+from typing import List
+
+
+def formatted(value, spec: str = ".4g") -> str:
+    """`value` as `format(value, spec)`; '-' for None or a non-finite float."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return format(value, spec)
+
+
+def cell(value) -> str:
+    """A table cell: floats as 1,234 (from 1000 up) or to 4 significant digits, '-' for
+    None or NaN, anything else (names, bools, counts) as str."""
+    if isinstance(value, float):
+        return formatted(value, ",.0f" if abs(value) >= 1000 else ".4g")
+    return "-" if value is None else str(value)
+
+
+def plain(value) -> str:
+    """Floats to 4 significant digits ('nan' stays visible), anything else as str."""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def text_table(columns, rows: List[dict]) -> str:
+    """Fixed columns, one line per row; missing or NaN values print as '-'."""
+    cells = [[title for title, _ in columns]]
+    cells += [[cell(row.get(key)) for _, key in columns] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                       for i, (c, w) in enumerate(zip(line, widths))) for line in cells]
+    return "\n".join(lines)
+
+
+def html_table(columns, rows: List[dict]) -> str:
+    head = "".join(f"<th>{html.escape(title)}</th>" for title, _ in columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(cell(row.get(key)))}</td>"
+                                    for _, key in columns) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
