@@ -42,7 +42,7 @@ def state_of(run) -> dict:
         "schedule": run.schedule.state_dict(),
         "scaler": run.scaler.state_dict(),
         # RNG as it was when training ended, not as the user's later cells left it
-        "rng": run._rng_at_end if run._rng_at_end is not None else rng_state(_device_of(run)),
+        "rng": run.rng_at_end if run.rng_at_end is not None else rng_state(_device_of(run)),
         "position": {"step": run.step, "epoch": run.epoch, "batch_in_epoch": run.batch_in_epoch},
         "config": run.config.to_dict(),
         "history": list(run.history),

@@ -71,10 +71,8 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
         from .progress import attach_progress
         attach_progress(run)
     if background:
-        run.state = "running"   # already, so a caller polling right after sees it
-        run._thread = threading.Thread(target=_train_safely, args=(run, parts),
-                                       name="nbtrain-fit", daemon=True)
-        run._thread.start()
+        run.start(threading.Thread(target=_train_safely, args=(run, parts),
+                                   name="nbtrain-fit", daemon=True))
         return run
     with _ctrl_c_stops(run):
         _train_safely(run, parts)
@@ -209,8 +207,8 @@ def _train_safely(run: Run, parts: Parts) -> None:
     try:
         with _current_device(parts.device), _intra_op_threads(run.resolved["num_threads"][0]):
             _train(run, parts)
-        run.state = "interrupted" if run._interrupted else (
-            "stopped" if run._stop.is_set() or run.message else "finished")
+        run.state = "interrupted" if run.interrupted else (
+            "stopped" if run.stop_requested or run.message else "finished")
     except KeyboardInterrupt:
         run.optimizer.zero_grad(set_to_none=True)   # drop the half-done step's gradients
         run.state = "interrupted"
@@ -219,13 +217,8 @@ def _train_safely(run: Run, parts: Parts) -> None:
         run.error = TrainingError(_explain(exc, run, parts), run)
         run.error.__cause__ = exc
     finally:
-        try:
-            run.wall_s += time.perf_counter() - start
-            run._rng_at_end = ckpt.rng_state(parts.device)
-            run._emit({"kind": "end", "state": run.state, "step": run.step,
-                       "message": run.message}, keep=False)
-        finally:   # even if a broken CUDA context fails the RNG read: wait() must return
-            run._done.set()
+        run.wall_s += time.perf_counter() - start
+        run.finish(read_rng=lambda: ckpt.rng_state(parts.device))
 
 
 def _current_device(device: torch.device):
@@ -266,15 +259,15 @@ def _train(run: Run, parts: Parts) -> None:
 def _save_checkpoint(run: Run) -> None:
     """Write the run's checkpoint, unless its weights may be non-finite: the last good
     checkpoint stays the one to resume from."""
-    if run.config.checkpoint_dir and not run._diverged:
+    if run.config.checkpoint_dir and not run.diverged:
         run.save(ckpt.path_in(run.config.checkpoint_dir))
 
 
 def _epochs(run: Run, parts: Parts, meter: Interval) -> None:
     cfg, model, opt = run.config, run.model, run.optimizer
     model.train()
-    run._stage = "load"
-    while run.step < run.total_steps and not run._stop.is_set():
+    run.stage = "load"
+    while run.step < run.total_steps and not run.stop_requested:
         windows = _windows(parts.batches.epoch(run.epoch, run.batch_in_epoch), cfg.grad_accum_steps)
         while run.step < run.total_steps:
             # --- next batch(es): time spent here is time the model waited for data
@@ -283,7 +276,7 @@ def _epochs(run: Run, parts: Parts, meter: Interval) -> None:
             meter.data_wait_s += time.perf_counter() - t
             if window is None:
                 break
-            run._stage = "step"
+            run.stage = "step"
             # --- set the LR for this step (a pure function of the step: see schedule.py)
             lr = run.schedule.lr(run.step)
             for group in opt.param_groups:
@@ -293,7 +286,7 @@ def _epochs(run: Run, parts: Parts, meter: Interval) -> None:
             meter.end_step()
             run.step += 1
             run.batch_in_epoch += len(window)
-            run._stage = "load"
+            run.stage = "load"
             # --- log: the previous interval's one host read happens in meter.close
             if meter.steps == cfg.log_every:
                 _log(run, meter, lr)
@@ -301,9 +294,9 @@ def _epochs(run: Run, parts: Parts, meter: Interval) -> None:
                 _flush(run, meter)   # the checkpoint's history is complete to its step
                 _save_checkpoint(run)
             # --- termination
-            if run._stop.is_set():
+            if run.stop_requested:
                 break
-        if run._stop.is_set():
+        if run.stop_requested:
             break
         if run.batch_in_epoch >= len(parts.batches):   # the epoch ran to its end
             if meter.steps:   # close the epoch's last, shorter interval before validating
@@ -413,15 +406,13 @@ def _emit_train(run: Run, record: Optional[dict], timed: bool) -> None:
         return
     if timed:
         record["diagnosis"] = diagnose(record, run.resolved)
-    run._emit(record)
+    run.emit(record)
     if record.get("first_nonfinite_step") is None or run.config.on_nan != "stop" \
-            or run._diverged:   # the first non-finite step is the one to name
+            or run.diverged:   # the first non-finite step is the one to name
         return
-    run._diverged = True
-    run.message = (f"loss became non-finite at step {record['first_nonfinite_step']}; "
-                   f"training stopped at step {run.step}. Lower lr, set clip_grad_norm, "
-                   "or use on_nan='skip' to skip such steps.")
-    run._stop.set()
+    run.diverge(f"loss became non-finite at step {record['first_nonfinite_step']}; "
+                f"training stopped at step {run.step}. Lower lr, set clip_grad_norm, "
+                "or use on_nan='skip' to skip such steps.")
 
 
 # -- validation ---------------------------------------------------------------------------------
@@ -430,7 +421,7 @@ def _validate(run: Run, parts: Parts) -> None:
         return
     record = evaluate(run, parts)
     run.schedule.on_validation(record["val_loss"])
-    run._emit(record)
+    run.emit(record)
 
 
 @torch.no_grad()
@@ -468,7 +459,7 @@ def _is_classification(out, target) -> bool:
 # -- errors and Ctrl-C ------------------------------------------------------------------------
 def _explain(exc: Exception, run: Run, parts: Parts) -> str:
     where = f"batch {run.batch_in_epoch} of epoch {run.epoch} (step {run.step})"
-    if run._stage == "load" or worker_died(exc):   # a worker's death can land mid-step
+    if run.stage == "load" or worker_died(exc):   # a worker's death can land mid-step
         text = f"loading {where} failed: {type(exc).__name__}: {exc}"
         culprit = _load_culprit(exc, run, parts.batches)
         return text + (f"\n  {culprit}" if culprit else "")
@@ -504,10 +495,9 @@ def _ctrl_c_stops(run: Run):
         return
 
     def on_sigint(signum, frame):
-        if run._interrupted:
+        if run.interrupted:   # the second press: the step in flight may never end
             raise KeyboardInterrupt
-        run._interrupted = True
-        run._stop.set()
+        run.interrupt()
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
