@@ -42,7 +42,9 @@ class Parts:
 
 def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, *,
         config: Optional[TrainConfig] = None, val_data=None, resume=None,
-        background: bool = False, progress="auto") -> Run:
+        background: bool = False, progress="auto",
+        schedule: Optional[Callable[[Schedule], Schedule]] = None,
+        on_start: Optional[Callable[[Run], None]] = None) -> Run:
     """Train `model` on `train_data` with the settings of `config`; returns the Run.
 
     >>> run = nt.fit(model, (x, y), torch.nn.functional.cross_entropy,
@@ -52,6 +54,11 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
     `background=True` returns at once and trains in a thread (`run.stop()`, `run.wait()`).
     `progress`: True/"auto" for a progress bar, False for none, or a callable given the Run
     before the first step (`progress=nt.Dashboard` shows the live charts).
+    `schedule`: a function given the Schedule built from `config`, returning the one to
+    use (`nt.lr_find` returns its exponential sweep).
+    `on_start`: a function given the Run before the first step, for code that steers the
+    run rather than shows it: it may subscribe and call `run.stop()` (lr_find stops once
+    the loss diverges, autotune once a trial has been timed).
     """
     state = ckpt.load(resume) if isinstance(resume, (str, bytes)) or hasattr(resume, "__fspath__") \
         else (resume.checkpoint() if isinstance(resume, Run) else None)
@@ -65,6 +72,10 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
         ckpt.restore(run, state)
     else:
         torch.manual_seed(cfg.seed)   # dropout and friends repeat; data order has its own RNG
+    if schedule is not None:
+        run.schedule = schedule(run.schedule)
+    if on_start is not None:
+        on_start(run)
     if callable(progress):   # a viewer (e.g. nt.Dashboard) that subscribes before step 1
         progress(run)
     elif progress:
