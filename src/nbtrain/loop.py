@@ -27,8 +27,8 @@ from .telemetry import Interval, diagnose
 
 
 @dataclass
-class Parts:
-    """What the loop needs, built once before the first step."""
+class Setup:
+    """What the loop reads, built once by `_prepare` before the first step."""
     device: torch.device
     amp: str
     batches: object
@@ -67,7 +67,7 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
         release_previous_run()
     run = Run(cfg)
     _remember(run)
-    parts = _prepare(run, model, train_data, loss_fn, val_data)
+    setup = _prepare(run, model, train_data, loss_fn, val_data)
     if state is not None:
         ckpt.restore(run, state)
     else:
@@ -82,11 +82,11 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
         from .progress import attach_progress
         attach_progress(run)
     if background:
-        run.start(threading.Thread(target=_train_safely, args=(run, parts),
+        run.start(threading.Thread(target=_train_safely, args=(run, setup),
                                    name="nbtrain-fit", daemon=True))
         return run
     with _ctrl_c_stops(run):
-        _train_safely(run, parts)
+        _train_safely(run, setup)
     if run.state == "failed":
         raise run.error
     return run
@@ -115,7 +115,7 @@ def _config_from(config, state) -> TrainConfig:
 
 
 # -- setup: resolve every "auto", build every part; raises before anything is changed --------
-def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Parts:
+def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Setup:
     cfg = run.config
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}.")
@@ -145,20 +145,20 @@ def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Parts:
         forward = torch.compile(model)
     batches, move = _data_path(run, batches, device)
     params = [p for p in model.parameters() if p.requires_grad]
-    parts = Parts(device, run.resolved["amp"][0], batches, val_batches, move, forward,
+    setup = Setup(device, run.resolved["amp"][0], batches, val_batches, move, forward,
                   loss_fn, params)
     if val_batches is not None:
-        parts.val_move = make_mover(device, val_resolved["pin_memory"][0],
+        setup.val_move = make_mover(device, val_resolved["pin_memory"][0],
                                     val_resolved["data_on_device"][0], cfg.channels_last)
-    if cfg.amp == "auto" and parts.amp == "bf16" and device.type == "cpu":
-        run.resolved["amp"] = cpu_bf16_choice(lambda amp: _probe_step(model, parts, amp),
+    if cfg.amp == "auto" and setup.amp == "bf16" and device.type == "cpu":
+        run.resolved["amp"] = cpu_bf16_choice(lambda amp: _probe_step(model, setup, amp),
                                               key=_architecture(model, batches))
-        parts.amp = run.resolved["amp"][0]
+        setup.amp = run.resolved["amp"][0]
     run.model = model
     run.optimizer = build_optimizer(model, cfg, run.resolved["optimizer_impl"][0])
     run.schedule = Schedule(cfg, run.total_steps)
-    run.scaler = torch.amp.GradScaler(device.type, enabled=parts.amp == "fp16")
-    return parts
+    run.scaler = torch.amp.GradScaler(device.type, enabled=setup.amp == "fp16")
+    return setup
 
 
 def _data_path(run: Run, batches, device):
@@ -181,11 +181,11 @@ def _architecture(model, batches) -> tuple:
     return (repr(model), shapes, inputs)
 
 
-def _probe_step(model, parts: Parts, amp: str) -> None:
+def _probe_step(model, setup: Setup, amp: str) -> None:
     with leaves_no_trace(model):
-        batch = parts.move(first_batch(parts.batches))
-        with autocast_context(amp, parts.device):
-            _, loss = outputs_and_loss(parts.forward, parts.loss_fn, batch)
+        batch = setup.move(first_batch(setup.batches))
+        with autocast_context(amp, setup.device):
+            _, loss = outputs_and_loss(setup.forward, setup.loss_fn, batch)
         loss.backward()
 
 
@@ -211,13 +211,13 @@ def _total_steps(cfg: TrainConfig, batches) -> int:
 
 
 # -- the loop -----------------------------------------------------------------------------------
-def _train_safely(run: Run, parts: Parts) -> None:
+def _train_safely(run: Run, setup: Setup) -> None:
     """Run the loop; whatever ends it, the Run keeps its model, optimizer and history."""
     start = time.perf_counter()
     run.state = "running"
     try:
-        with _current_device(parts.device), _intra_op_threads(run.resolved["num_threads"][0]):
-            _train(run, parts)
+        with _current_device(setup.device), _intra_op_threads(run.resolved["num_threads"][0]):
+            _train(run, setup)
         run.state = "interrupted" if run.interrupted else (
             "stopped" if run.stop_requested or run.message else "finished")
     except KeyboardInterrupt:
@@ -225,11 +225,11 @@ def _train_safely(run: Run, parts: Parts) -> None:
         run.state = "interrupted"
     except Exception as exc:
         run.state = "failed"
-        run.error = TrainingError(_explain(exc, run, parts), run)
+        run.error = TrainingError(_explain(exc, run, setup), run)
         run.error.__cause__ = exc
     finally:
         run.wall_s += time.perf_counter() - start
-        run.finish(read_rng=lambda: ckpt.rng_state(parts.device))
+        run.finish(read_rng=lambda: ckpt.rng_state(setup.device))
 
 
 def _current_device(device: torch.device):
@@ -251,19 +251,19 @@ def _intra_op_threads(threads: int):
             torch.set_num_threads(before)
 
 
-def _train(run: Run, parts: Parts) -> None:
-    meter = Interval(parts.device, run.step, run.config.telemetry)
-    if parts.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(parts.device)   # peak of this run, not the kernel's
+def _train(run: Run, setup: Setup) -> None:
+    interval = Interval(setup.device, run.step, run.config.telemetry)
+    if setup.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(setup.device)   # peak of this run, not the kernel's
     try:
-        _epochs(run, parts, meter)
+        _epochs(run, setup, interval)
     except BaseException:
         # the last interval's record, unless the device cannot be read any more: the
         # error that ended the run is the one to report
         with contextlib.suppress(Exception):
-            _flush(run, meter)
+            _flush(run, interval)
         raise
-    _flush(run, meter)
+    _flush(run, interval)
     _save_checkpoint(run)
 
 
@@ -274,17 +274,17 @@ def _save_checkpoint(run: Run) -> None:
         run.save(ckpt.path_in(run.config.checkpoint_dir))
 
 
-def _epochs(run: Run, parts: Parts, meter: Interval) -> None:
+def _epochs(run: Run, setup: Setup, interval: Interval) -> None:
     cfg, model, opt = run.config, run.model, run.optimizer
     model.train()
     run.stage = "load"
     while run.step < run.total_steps and not run.stop_requested:
-        windows = _windows(parts.batches.epoch(run.epoch, run.batch_in_epoch), cfg.grad_accum_steps)
+        windows = _windows(setup.batches.epoch(run.epoch, run.batch_in_epoch), cfg.grad_accum_steps)
         while run.step < run.total_steps:
             # --- next batch(es): time spent here is time the model waited for data
             t = time.perf_counter()
             window = next(windows, None)
-            meter.data_wait_s += time.perf_counter() - t
+            interval.data_wait_s += time.perf_counter() - t
             if window is None:
                 break
             run.stage = "step"
@@ -293,32 +293,32 @@ def _epochs(run: Run, parts: Parts, meter: Interval) -> None:
             for group in opt.param_groups:
                 group["lr"] = lr
             # --- forward, backward, update
-            _step(run, parts, window, meter)
-            meter.end_step()
+            _step(run, setup, window, interval)
+            interval.end_step()
             run.step += 1
             run.batch_in_epoch += len(window)
             run.stage = "load"
-            # --- log: the previous interval's one host read happens in meter.close
-            if meter.steps == cfg.log_every:
-                _log(run, meter, lr)
+            # --- log: the previous interval's one host read happens in interval.close
+            if interval.steps == cfg.log_every:
+                _log(run, interval, lr)
             if cfg.checkpoint_every and cfg.checkpoint_dir and run.step % cfg.checkpoint_every == 0:
-                _flush(run, meter)   # the checkpoint's history is complete to its step
+                _flush(run, interval)   # the checkpoint's history is complete to its step
                 _save_checkpoint(run)
             # --- termination
             if run.stop_requested:
                 break
         if run.stop_requested:
             break
-        if run.batch_in_epoch >= len(parts.batches):   # the epoch ran to its end
-            if meter.steps:   # close the epoch's last, shorter interval before validating
-                _log(run, meter, _applied_lr(opt))
-            if parts.val_batches is not None:
-                _flush(run, meter)   # validation reads the device anyway
-                _validate(run, parts)
-                meter.reset(run.step)   # validation time is not the next interval's training time
+        if run.batch_in_epoch >= len(setup.batches):   # the epoch ran to its end
+            if interval.steps:   # close the epoch's last, shorter interval before validating
+                _log(run, interval, _applied_lr(opt))
+            if setup.val_batches is not None:
+                _flush(run, interval)   # validation reads the device anyway
+                _validate(run, setup)
+                interval.reset(run.step)   # validation time is not the next interval's steps' time
             run.epoch, run.batch_in_epoch = run.epoch + 1, 0
-    if meter.steps:
-        _log(run, meter, _applied_lr(opt))
+    if interval.steps:
+        _log(run, interval, _applied_lr(opt))
 
 
 def _windows(batches, size: int):
@@ -337,27 +337,27 @@ def _windows(batches, size: int):
         yield tuple(window)
 
 
-def _step(run: Run, parts: Parts, window, meter: Interval) -> None:
+def _step(run: Run, setup: Setup, window, interval: Interval) -> None:
     cfg, opt, scaler = run.config, run.optimizer, run.scaler
     losses = []
     for batch in window:
-        meter.copy_started()
-        batch = parts.move(batch)
-        meter.copy_done()
-        with autocast_context(parts.amp, parts.device):
-            _, loss = outputs_and_loss(parts.forward, parts.loss_fn, batch)
+        interval.copy_started()
+        batch = setup.move(batch)
+        interval.copy_done()
+        with autocast_context(setup.amp, setup.device):
+            _, loss = outputs_and_loss(setup.forward, setup.loss_fn, batch)
         losses.append(loss.detach())
-        meter.add(losses[-1], _batch_len(batch))
+        interval.add(losses[-1], _batch_len(batch))
         if len(window) > 1:
             loss = loss / len(window)
         scaler.scale(loss).backward()
     if cfg.on_nan == "skip" and not _all_finite(losses):   # a host sync, skip mode only
         opt.zero_grad(set_to_none=True)
-        meter.skipped += 1
+        interval.skipped += 1
         return
     if cfg.clip_grad_norm is not None:
         scaler.unscale_(opt)   # clip the true gradients, not the fp16-scaled ones
-        torch.nn.utils.clip_grad_norm_(parts.params, cfg.clip_grad_norm)
+        torch.nn.utils.clip_grad_norm_(setup.params, cfg.clip_grad_norm)
     scaler.step(opt)
     scaler.update()
     opt.zero_grad(set_to_none=True)
@@ -402,14 +402,14 @@ def _applied_lr(opt) -> float:
     return opt.param_groups[0]["lr"]
 
 
-def _log(run: Run, meter: Interval, lr: float) -> None:
+def _log(run: Run, interval: Interval, lr: float) -> None:
     """Close the interval and emit the one before it (see Interval)."""
-    _emit_train(run, meter.close(run.step, run.epoch, lr), meter.timed)
+    _emit_train(run, interval.close(run.step, run.epoch, lr), interval.timed)
 
 
-def _flush(run: Run, meter: Interval) -> None:
+def _flush(run: Run, interval: Interval) -> None:
     """Emit the last closed interval's record now (it waits for the device)."""
-    _emit_train(run, meter.flush(), meter.timed)
+    _emit_train(run, interval.flush(), interval.timed)
 
 
 def _emit_train(run: Run, record: Optional[dict], timed: bool) -> None:
@@ -427,29 +427,29 @@ def _emit_train(run: Run, record: Optional[dict], timed: bool) -> None:
 
 
 # -- validation ---------------------------------------------------------------------------------
-def _validate(run: Run, parts: Parts) -> None:
-    if parts.val_batches is None:
+def _validate(run: Run, setup: Setup) -> None:
+    if setup.val_batches is None:
         return
-    record = evaluate(run, parts)
+    record = evaluate(run, setup)
     run.schedule.on_validation(record["val_loss"])
     run.emit(record)
 
 
 @torch.no_grad()
-def evaluate(run: Run, parts: Parts) -> dict:
+def evaluate(run: Run, setup: Setup) -> dict:
     """Mean loss (and accuracy for class-index targets) over the validation data."""
     run.model.eval()
-    loss_sum = torch.zeros((), device=parts.device)
-    correct = torch.zeros((), device=parts.device, dtype=torch.long)
+    loss_sum = torch.zeros((), device=setup.device)
+    correct = torch.zeros((), device=setup.device, dtype=torch.long)
     count, classified = 0, True
-    for batch in parts.val_batches.epoch(0):
-        batch = parts.val_move(batch)
-        with autocast_context(parts.amp, parts.device):   # one forward, even without loss_fn
-            out, loss = outputs_and_loss(parts.forward, parts.loss_fn, batch)
+    for batch in setup.val_batches.epoch(0):
+        batch = setup.val_move(batch)
+        with autocast_context(setup.amp, setup.device):   # one forward, even without loss_fn
+            out, loss = outputs_and_loss(setup.forward, setup.loss_fn, batch)
         n = _batch_len(batch)
         loss_sum += loss.float() * n
         count += n
-        target = batch[-1] if parts.loss_fn else None
+        target = batch[-1] if setup.loss_fn else None
         if classified and _is_classification(out, target):
             correct += (out.argmax(-1) == target).sum()
         else:
@@ -468,11 +468,11 @@ def _is_classification(out, target) -> bool:
 
 
 # -- errors and Ctrl-C ------------------------------------------------------------------------
-def _explain(exc: Exception, run: Run, parts: Parts) -> str:
+def _explain(exc: Exception, run: Run, setup: Setup) -> str:
     where = f"batch {run.batch_in_epoch} of epoch {run.epoch} (step {run.step})"
     if run.stage == "load" or worker_died(exc):   # a worker's death can land mid-step
         text = f"loading {where} failed: {type(exc).__name__}: {exc}"
-        culprit = _load_culprit(exc, run, parts.batches)
+        culprit = _load_culprit(exc, run, setup.batches)
         return text + (f"\n  {culprit}" if culprit else "")
     return f"the training step failed on {where}: {type(exc).__name__}: {exc}"
 
