@@ -133,7 +133,7 @@ def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Setup:
         on_device = "auto" if cfg.data_on_device is True else cfg.data_on_device
         val_cfg = cfg.replace(shuffle=False, drop_last=False, data_on_device=on_device)
         val_batches = make_batches(val_data, val_cfg, device, val_resolved)
-    run.total_steps = _total_steps(cfg, batches)
+    run.total_steps = count_steps(cfg, batches)
     forward = model
     if cfg.activation_checkpointing is not False:
         forward = checkpointed_forward(model, cfg.activation_checkpointing)
@@ -189,25 +189,23 @@ def _probe_step(model, setup: Setup, amp: str) -> None:
         loss.backward()
 
 
-def planned_steps(cfg: TrainConfig, batches_per_epoch: int) -> int:
-    """Optimizer steps of a run: max_steps when set, else every epoch's (accumulated) steps."""
-    if cfg.max_steps is not None:
-        return cfg.max_steps
-    return cfg.epochs * math.ceil(batches_per_epoch / cfg.grad_accum_steps)
+def count_steps(cfg: TrainConfig, batches) -> int:
+    """Optimizer steps of a run: max_steps when set, else every epoch's (accumulated) steps.
 
-
-def _total_steps(cfg: TrainConfig, batches) -> int:
+    `batches`: one epoch's batches, or their number (the Panel counts them without
+    building the data). Raises ConfigError when they have no length, or there are none.
+    """
     if cfg.max_steps is not None:
         return cfg.max_steps
     try:
-        per_epoch = len(batches)
+        per_epoch = batches if isinstance(batches, int) else len(batches)
     except TypeError:
         raise ConfigError("TrainConfig.max_steps=None needs data with a length; this "
                           "DataLoader has none (an IterableDataset?). Set max_steps.") from None
     if per_epoch == 0:
         raise ConfigError(f"TrainConfig.batch_size={cfg.batch_size} with drop_last="
                           f"{cfg.drop_last} leaves no batch in an epoch: lower batch_size.")
-    return planned_steps(cfg, per_epoch)
+    return cfg.epochs * math.ceil(per_epoch / cfg.grad_accum_steps)
 
 
 # -- the loop -----------------------------------------------------------------------------------
