@@ -1,4 +1,8 @@
-"""fit(): the training loop. Settings are resolved once, then the loop reads top to bottom."""
+"""fit(): the training loop. Settings are resolved once, then the loop reads top to bottom.
+
+fit -> _train_safely (whatever ends the run) -> _train (the loop) -> _step (set the LR,
+forward, backward, update).
+"""
 from __future__ import annotations
 
 import contextlib
@@ -250,19 +254,103 @@ def _intra_op_threads(threads: int):
 
 
 def _train(run: Run, setup: Setup) -> None:
-    interval = Interval(setup.device, run.step, run.config.telemetry)
+    """The loop: a step per window of batches until total_steps or a stop, a record every
+    `log_every` steps, validation at each epoch's end, then the checkpoint."""
+    cfg, opt = run.config, run.optimizer
+    interval = Interval(setup.device, run.step, cfg.telemetry)
     if setup.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(setup.device)   # peak of this run, not the kernel's
+    with _last_record_on_error(run, interval):
+        run.model.train()
+        run.stage = "load"
+        while run.step < run.total_steps and not run.stop_requested:
+            windows = _windows(setup.batches.epoch(run.epoch, run.batch_in_epoch),
+                               cfg.grad_accum_steps)
+            while run.step < run.total_steps:
+                # --- next batch(es): time spent here is time the model waited for data
+                t = time.perf_counter()
+                window = next(windows, None)
+                interval.data_wait_s += time.perf_counter() - t
+                if window is None:
+                    break
+                # --- the step: set the LR, forward, backward, update
+                run.stage = "step"
+                lr = _step(run, setup, window, interval)
+                interval.end_step()
+                run.step += 1
+                run.batch_in_epoch += len(window)
+                run.stage = "load"
+                # --- log: the previous interval's one host read happens in interval.close
+                if interval.steps == cfg.log_every:
+                    _log(run, interval, lr)
+                if cfg.checkpoint_every and cfg.checkpoint_dir \
+                        and run.step % cfg.checkpoint_every == 0:
+                    _flush(run, interval)   # the checkpoint's history is complete to its step
+                    _save_checkpoint(run)
+                # --- termination
+                if run.stop_requested:
+                    break
+            if run.stop_requested:
+                break
+            # --- the epoch ran to its end: validate
+            if run.batch_in_epoch >= len(setup.batches):
+                if interval.steps:   # close the epoch's last, shorter interval before validating
+                    _log(run, interval, _applied_lr(opt))
+                if setup.val_batches is not None:
+                    _flush(run, interval)   # validation reads the device anyway
+                    _validate(run, setup)
+                    interval.reset(run.step)   # validation time is no interval's training time
+                run.epoch, run.batch_in_epoch = run.epoch + 1, 0
+        if interval.steps:
+            _log(run, interval, _applied_lr(opt))
+    _flush(run, interval)
+    _save_checkpoint(run)
+
+
+def _step(run: Run, setup: Setup, window, interval: Interval) -> float:
+    """One optimizer step on a window of micro-batches (gradient accumulation); returns its LR."""
+    cfg, opt, scaler = run.config, run.optimizer, run.scaler
+    # --- set the LR for this step (a pure function of the step: see schedule.py)
+    lr = run.schedule.lr(run.step)
+    for group in opt.param_groups:
+        group["lr"] = lr
+    # --- forward, backward; the losses stay on the device (interval reads them once per record)
+    losses = []
+    for batch in window:
+        interval.copy_started()
+        batch = setup.move(batch)
+        interval.copy_done()
+        with autocast_context(setup.amp, setup.device):
+            _, loss = outputs_and_loss(setup.forward, setup.loss_fn, batch)
+        losses.append(loss.detach())
+        interval.add(losses[-1], _batch_len(batch))
+        if len(window) > 1:
+            loss = loss / len(window)
+        scaler.scale(loss).backward()
+    # --- update
+    if cfg.on_nan == "skip" and not _all_finite(losses):   # a host sync, skip mode only
+        opt.zero_grad(set_to_none=True)
+        interval.skipped += 1
+        return lr
+    if cfg.clip_grad_norm is not None:
+        scaler.unscale_(opt)   # clip the true gradients, not the fp16-scaled ones
+        torch.nn.utils.clip_grad_norm_(setup.params, cfg.clip_grad_norm)
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad(set_to_none=True)
+    return lr
+
+
+@contextlib.contextmanager
+def _last_record_on_error(run: Run, interval: Interval):
+    """When an error ends the loop, still emit the last interval's record, unless the
+    device cannot be read any more: the error that ended the run is the one to report."""
     try:
-        _epochs(run, setup, interval)
+        yield
     except BaseException:
-        # the last interval's record, unless the device cannot be read any more: the
-        # error that ended the run is the one to report
         with contextlib.suppress(Exception):
             _flush(run, interval)
         raise
-    _flush(run, interval)
-    _save_checkpoint(run)
 
 
 def _save_checkpoint(run: Run) -> None:
@@ -270,53 +358,6 @@ def _save_checkpoint(run: Run) -> None:
     checkpoint stays the one to resume from."""
     if run.config.checkpoint_dir and not run.diverged:
         run.save(ckpt.path_in(run.config.checkpoint_dir))
-
-
-def _epochs(run: Run, setup: Setup, interval: Interval) -> None:
-    cfg, model, opt = run.config, run.model, run.optimizer
-    model.train()
-    run.stage = "load"
-    while run.step < run.total_steps and not run.stop_requested:
-        windows = _windows(setup.batches.epoch(run.epoch, run.batch_in_epoch), cfg.grad_accum_steps)
-        while run.step < run.total_steps:
-            # --- next batch(es): time spent here is time the model waited for data
-            t = time.perf_counter()
-            window = next(windows, None)
-            interval.data_wait_s += time.perf_counter() - t
-            if window is None:
-                break
-            run.stage = "step"
-            # --- set the LR for this step (a pure function of the step: see schedule.py)
-            lr = run.schedule.lr(run.step)
-            for group in opt.param_groups:
-                group["lr"] = lr
-            # --- forward, backward, update
-            _step(run, setup, window, interval)
-            interval.end_step()
-            run.step += 1
-            run.batch_in_epoch += len(window)
-            run.stage = "load"
-            # --- log: the previous interval's one host read happens in interval.close
-            if interval.steps == cfg.log_every:
-                _log(run, interval, lr)
-            if cfg.checkpoint_every and cfg.checkpoint_dir and run.step % cfg.checkpoint_every == 0:
-                _flush(run, interval)   # the checkpoint's history is complete to its step
-                _save_checkpoint(run)
-            # --- termination
-            if run.stop_requested:
-                break
-        if run.stop_requested:
-            break
-        if run.batch_in_epoch >= len(setup.batches):   # the epoch ran to its end
-            if interval.steps:   # close the epoch's last, shorter interval before validating
-                _log(run, interval, _applied_lr(opt))
-            if setup.val_batches is not None:
-                _flush(run, interval)   # validation reads the device anyway
-                _validate(run, setup)
-                interval.reset(run.step)   # validation time is not the next interval's steps' time
-            run.epoch, run.batch_in_epoch = run.epoch + 1, 0
-    if interval.steps:
-        _log(run, interval, _applied_lr(opt))
 
 
 def _windows(batches, size: int):
@@ -333,32 +374,6 @@ def _windows(batches, size: int):
             window = []
     if window:
         yield tuple(window)
-
-
-def _step(run: Run, setup: Setup, window, interval: Interval) -> None:
-    cfg, opt, scaler = run.config, run.optimizer, run.scaler
-    losses = []
-    for batch in window:
-        interval.copy_started()
-        batch = setup.move(batch)
-        interval.copy_done()
-        with autocast_context(setup.amp, setup.device):
-            _, loss = outputs_and_loss(setup.forward, setup.loss_fn, batch)
-        losses.append(loss.detach())
-        interval.add(losses[-1], _batch_len(batch))
-        if len(window) > 1:
-            loss = loss / len(window)
-        scaler.scale(loss).backward()
-    if cfg.on_nan == "skip" and not _all_finite(losses):   # a host sync, skip mode only
-        opt.zero_grad(set_to_none=True)
-        interval.skipped += 1
-        return
-    if cfg.clip_grad_norm is not None:
-        scaler.unscale_(opt)   # clip the true gradients, not the fp16-scaled ones
-        torch.nn.utils.clip_grad_norm_(setup.params, cfg.clip_grad_norm)
-    scaler.step(opt)
-    scaler.update()
-    opt.zero_grad(set_to_none=True)
 
 
 def _all_finite(losses) -> bool:
