@@ -81,3 +81,17 @@ def test_every_field_is_declared_once_with_what_the_tools_need():
         assert meta.kind.accepts(getattr(TrainConfig(), name)), name   # the default is allowed
         if meta.when:
             assert meta.when[0] in SETTINGS
+
+
+def test_every_config_error_raised_in_the_engine_names_its_field():
+    """The panel shows a ConfigError beside the control of `.field`: every raise sets it."""
+    import ast
+    from pathlib import Path
+    src = Path(nt.__file__).parent
+    unnamed = []
+    for path in src.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "ConfigError" \
+                    and not any(k.arg == "field" for k in node.keywords):
+                unnamed.append(f"{path.name}:{node.lineno}")
+    assert not unnamed, unnamed

@@ -27,13 +27,13 @@ def test_stop_from_another_thread_keeps_state(blobs):
 
 def test_ctrl_c_stops_at_the_step_boundary(blobs, monkeypatch):
     """A kernel interrupt is a SIGINT: the step in flight finishes, then the run ends."""
-    original = nt.Run._emit
+    original = nt.Run.emit
 
     def emit_then_press_ctrl_c(self, record, keep=True):
         original(self, record, keep)
         if record.get("kind") == "train" and record["step"] == 7:
             os.kill(os.getpid(), signal.SIGINT)
-    monkeypatch.setattr(nt.Run, "_emit", emit_then_press_ctrl_c)
+    monkeypatch.setattr(nt.Run, "emit", emit_then_press_ctrl_c)
     run = nt.fit(mlp(), blobs, F.cross_entropy, config=quick(max_steps=50, log_every=1),
                  progress=False)
     # records arrive an interval late: step 7's is emitted as step 8 closes its interval

@@ -233,21 +233,21 @@ class Trials:
         try:
             cfg = self.base.replace(**(settings or {}), max_steps=10**9, log_every=self.log_every,
                                     checkpoint_dir=None, checkpoint_every=None)
-            timer = Timer(seconds)
+            clock = TrialClock(seconds)
             run = fit(fresh_model(self.make_model), self.data, self.loss_fn, config=cfg,
-                      progress=timer.attach)
+                      progress=False, on_start=clock.attach)
             if run.state == "interrupted":   # Ctrl-C / the stop button: stop tuning, not a trial
                 raise KeyboardInterrupt
-            result = dict(timer.result(run), settings=self._effective(run, cfg), error=None)
+            result = dict(clock.result(run), settings=self._effective(run, cfg), error=None)
         except Exception as exc:   # a setting this machine cannot run: it just loses
             result = dict(samples_per_s=0.0, measured_s=0.0, steps=0, settings=dict(settings or {}),
                           error=f"{type(exc).__name__}: {exc}")
         finally:
-            # Run <-> Timer is a cycle (not the only one of a run): dropping the names frees
+            # Run <-> TrialClock is a cycle (not the only one of a run): dropping the names frees
             # the trial's model and optimizer state only at a collection. Collect before
             # empty_cache, else it hands back nothing of this trial; only with CUDA, as a
             # collection costs ~0.1 s, a large share of a short CPU trial.
-            run = timer = None
+            run = clock = None
             if torch.cuda.is_available():
                 gc.collect()
                 torch.cuda.empty_cache()
@@ -268,7 +268,7 @@ class Trials:
                 for k in self.tuned_keys}
 
 
-class Timer:
+class TrialClock:
     """Stops a trial once `seconds` of steady-state steps have been timed.
 
     Warm-up, not timed: the first step (first-call overheads, workers starting), then

@@ -43,7 +43,7 @@ def state_of(run) -> dict:
         "schedule": run.schedule.state_dict(),
         "scaler": run.scaler.state_dict(),
         # RNG as it was when training ended, not as the user's later cells left it
-        "rng": run._rng_at_end if run._rng_at_end is not None else rng_state(_device_of(run)),
+        "rng": run.rng_at_end if run.rng_at_end is not None else rng_state(_device_of(run)),
         "position": {"step": run.step, "epoch": run.epoch, "batch_in_epoch": run.batch_in_epoch},
         "config": run.config.to_dict(),
         "history": list(run.history),
@@ -82,7 +82,8 @@ def restore(run, state: dict) -> None:
     if saved["optimizer"] != run.config.optimizer:
         raise ConfigError(f"TrainConfig.optimizer={run.config.optimizer!r} cannot resume a run "
                           f"trained with {saved['optimizer']!r}: its optimizer state does not "
-                          f"fit. Resume with optimizer={saved['optimizer']!r}, or start anew.")
+                          f"fit. Resume with optimizer={saved['optimizer']!r}, or start anew.",
+                          field="optimizer")
     try:
         run.model.load_state_dict(state["model"])
     except RuntimeError as exc:

@@ -74,11 +74,12 @@ def _resolve_configs(configs, base) -> Dict[str, TrainConfig]:
             if "seed" in cfg:
                 raise ConfigError(f"configs[{name!r}] sets seed={cfg['seed']!r}: compare() "
                                   "gives every config the same seed so all see the same "
-                                  "weights and data. Remove it and pass seeds=(...) instead.")
+                                  "weights and data. Remove it and pass seeds=(...) instead.",
+                                  field="seed")
             try:
                 out[str(name)] = base_cfg.replace(**cfg)
             except ConfigError as exc:   # say which config: the others may be fine
-                raise ConfigError(f"configs[{name!r}]: {exc}") from None
+                raise ConfigError(f"configs[{name!r}]: {exc}", field=exc.field) from None
         elif isinstance(cfg, TrainConfig):
             out[str(name)] = cfg
         else:
@@ -131,7 +132,7 @@ def _fit_named(name, model, train_data, loss_fn, cfg, val_data, progress) -> Run
         raise TrainingError(f"compare: config {name!r} (seed {cfg.seed}) failed: {exc}",
                             exc.run) from exc
     except ConfigError as exc:   # settings that only fail with this data or device
-        raise ConfigError(f"configs[{name!r}]: {exc}") from None
+        raise ConfigError(f"configs[{name!r}]: {exc}", field=exc.field) from None
 
 
 def _drop_empty(runs: Dict[str, List[Run]]) -> Dict[str, List[Run]]:

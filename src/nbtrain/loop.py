@@ -1,4 +1,8 @@
-"""fit(): the training loop. Settings are resolved once, then the loop reads top to bottom."""
+"""fit(): the training loop. Settings are resolved once, then the loop reads top to bottom.
+
+fit -> _train_safely (whatever ends the run) -> _train (the loop) -> _step (set the LR,
+forward, backward, update).
+"""
 from __future__ import annotations
 
 import contextlib
@@ -29,8 +33,8 @@ from .telemetry import Interval, diagnose
 
 
 @dataclass
-class Parts:
-    """What the loop needs, built once before the first step."""
+class Setup:
+    """What the loop reads, built once by `_prepare` before the first step."""
     device: torch.device
     amp: str
     batches: object
@@ -44,7 +48,9 @@ class Parts:
 
 def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, *,
         config: Optional[TrainConfig] = None, val_data=None, resume=None,
-        background: bool = False, progress="auto") -> Run:
+        background: bool = False, progress="auto",
+        schedule: Optional[Callable[[Schedule], Schedule]] = None,
+        on_start: Optional[Callable[[Run], None]] = None) -> Run:
     """Train `model` on `train_data` with the settings of `config`; returns the Run.
 
     >>> run = nt.fit(model, (x, y), torch.nn.functional.cross_entropy,
@@ -54,6 +60,11 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
     `background=True` returns at once and trains in a thread (`run.stop()`, `run.wait()`).
     `progress`: True/"auto" for a progress bar, False for none, or a callable given the Run
     before the first step (`progress=nt.Dashboard` shows the live charts).
+    `schedule`: a function given the Schedule built from `config`, returning the one to
+    use (`nt.lr_find` returns its exponential sweep).
+    `on_start`: a function given the Run before the first step, for code that steers the
+    run rather than shows it: it may subscribe and call `run.stop()` (lr_find stops once
+    the loss diverges, autotune once a trial has been timed).
     """
     state = ckpt.load(resume) if isinstance(resume, (str, bytes)) or hasattr(resume, "__fspath__") \
         else (resume.checkpoint() if isinstance(resume, Run) else None)
@@ -62,24 +73,26 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
         release_previous_run()
     run = Run(cfg)
     _remember(run)
-    parts = _prepare(run, model, train_data, loss_fn, val_data)
+    setup = _prepare(run, model, train_data, loss_fn, val_data)
     if state is not None:
         ckpt.restore(run, state)
     else:
         torch.manual_seed(cfg.seed)   # dropout and friends repeat; data order has its own RNG
+    if schedule is not None:
+        run.schedule = schedule(run.schedule)
+    if on_start is not None:
+        on_start(run)
     if callable(progress):   # a viewer (e.g. nt.Dashboard) that subscribes before step 1
         progress(run)
     elif progress:
         from .progress import attach_progress
         attach_progress(run)
     if background:
-        run.state = "running"   # already, so a caller polling right after sees it
-        run._thread = threading.Thread(target=_train_safely, args=(run, parts),
-                                       name="nbtrain-fit", daemon=True)
-        run._thread.start()
+        run.start(threading.Thread(target=_train_safely, args=(run, setup),
+                                   name="nbtrain-fit", daemon=True))
         return run
     with _ctrl_c_stops(run):
-        _train_safely(run, parts)
+        _train_safely(run, setup)
     if run.state == "failed":
         raise run.error
     return run
@@ -108,7 +121,7 @@ def _config_from(config, state) -> TrainConfig:
 
 
 # -- setup: resolve every "auto", build every part; raises before anything is changed --------
-def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Parts:
+def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Setup:
     cfg = run.config
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}.")
@@ -126,7 +139,7 @@ def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Parts:
         on_device = "auto" if cfg.data_on_device is True else cfg.data_on_device
         val_cfg = cfg.replace(shuffle=False, drop_last=False, data_on_device=on_device)
         val_batches = make_batches(val_data, val_cfg, device, val_resolved)
-    run.total_steps = _total_steps(cfg, batches)
+    run.total_steps = count_steps(cfg, batches)
     forward = model
     if cfg.activation_checkpointing is not False:
         forward = checkpointed_forward(model, cfg.activation_checkpointing)
@@ -138,20 +151,20 @@ def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Parts:
         forward = torch.compile(model)
     batches, move = _data_path(run, batches, device)
     params = [p for p in model.parameters() if p.requires_grad]
-    parts = Parts(device, run.resolved["amp"][0], batches, val_batches, move, forward,
+    setup = Setup(device, run.resolved["amp"][0], batches, val_batches, move, forward,
                   loss_fn, params)
     if val_batches is not None:
-        parts.val_move = make_mover(device, val_resolved["pin_memory"][0],
+        setup.val_move = make_mover(device, val_resolved["pin_memory"][0],
                                     val_resolved["data_on_device"][0], cfg.channels_last)
-    if cfg.amp == "auto" and parts.amp == "bf16" and device.type == "cpu":
-        run.resolved["amp"] = cpu_bf16_choice(lambda amp: _probe_step(model, parts, amp),
+    if cfg.amp == "auto" and setup.amp == "bf16" and device.type == "cpu":
+        run.resolved["amp"] = cpu_bf16_choice(lambda amp: _probe_step(model, setup, amp),
                                               key=_architecture(model, batches))
-        parts.amp = run.resolved["amp"][0]
+        setup.amp = run.resolved["amp"][0]
     run.model = model
     run.optimizer = build_optimizer(model, cfg, run.resolved["optimizer_impl"][0])
     run.schedule = Schedule(cfg, run.total_steps)
-    run.scaler = torch.amp.GradScaler(device.type, enabled=parts.amp == "fp16")
-    return parts
+    run.scaler = torch.amp.GradScaler(device.type, enabled=setup.amp == "fp16")
+    return setup
 
 
 def _data_path(run: Run, batches, device):
@@ -174,60 +187,55 @@ def _architecture(model, batches) -> tuple:
     return (repr(model), shapes, inputs)
 
 
-def _probe_step(model, parts: Parts, amp: str) -> None:
+def _probe_step(model, setup: Setup, amp: str) -> None:
     with leaves_no_trace(model):
-        batch = parts.move(first_batch(parts.batches))
-        with autocast_context(amp, parts.device):
-            _, loss = outputs_and_loss(parts.forward, parts.loss_fn, batch)
+        batch = setup.move(first_batch(setup.batches))
+        with autocast_context(amp, setup.device):
+            _, loss = outputs_and_loss(setup.forward, setup.loss_fn, batch)
         loss.backward()
 
 
-def planned_steps(cfg: TrainConfig, batches_per_epoch: int) -> int:
-    """Optimizer steps of a run: max_steps when set, else every epoch's (accumulated) steps."""
-    if cfg.max_steps is not None:
-        return cfg.max_steps
-    return cfg.epochs * math.ceil(batches_per_epoch / cfg.grad_accum_steps)
+def count_steps(cfg: TrainConfig, batches) -> int:
+    """Optimizer steps of a run: max_steps when set, else every epoch's (accumulated) steps.
 
-
-def _total_steps(cfg: TrainConfig, batches) -> int:
+    `batches`: one epoch's batches, or their number (the Panel counts them without
+    building the data). Raises ConfigError when they have no length, or there are none.
+    """
     if cfg.max_steps is not None:
         return cfg.max_steps
     try:
-        per_epoch = len(batches)
+        per_epoch = batches if isinstance(batches, int) else len(batches)
     except TypeError:
         raise ConfigError("TrainConfig.max_steps=None needs data with a length; this "
-                          "DataLoader has none (an IterableDataset?). Set max_steps.") from None
+                          "DataLoader has none (an IterableDataset?). Set max_steps.",
+                          field="max_steps") from None
     if per_epoch == 0:
         raise ConfigError(f"TrainConfig.batch_size={cfg.batch_size} with drop_last="
-                          f"{cfg.drop_last} leaves no batch in an epoch: lower batch_size.")
-    return planned_steps(cfg, per_epoch)
+                          f"{cfg.drop_last} leaves no batch in an epoch: lower batch_size.",
+                          field="batch_size")
+    return cfg.epochs * math.ceil(per_epoch / cfg.grad_accum_steps)
 
 
 # -- the loop -----------------------------------------------------------------------------------
-def _train_safely(run: Run, parts: Parts) -> None:
+def _train_safely(run: Run, setup: Setup) -> None:
     """Run the loop; whatever ends it, the Run keeps its model, optimizer and history."""
     start = time.perf_counter()
     run.state = "running"
     try:
-        with _current_device(parts.device), _intra_op_threads(run.resolved["num_threads"][0]):
-            _train(run, parts)
-        run.state = "interrupted" if run._interrupted else (
-            "stopped" if run._stop.is_set() or run.message else "finished")
+        with _current_device(setup.device), _intra_op_threads(run.resolved["num_threads"][0]):
+            _train(run, setup)
+        run.state = "interrupted" if run.interrupted else (
+            "stopped" if run.stop_requested or run.message else "finished")
     except KeyboardInterrupt:
         run.optimizer.zero_grad(set_to_none=True)   # drop the half-done step's gradients
         run.state = "interrupted"
     except Exception as exc:
         run.state = "failed"
-        run.error = TrainingError(_explain(exc, run, parts), run)
+        run.error = TrainingError(_explain(exc, run, setup), run)
         run.error.__cause__ = exc
     finally:
-        try:
-            run.wall_s += time.perf_counter() - start
-            run._rng_at_end = ckpt.rng_state(parts.device)
-            run._emit({"kind": "end", "state": run.state, "step": run.step,
-                       "message": run.message}, keep=False)
-        finally:   # even if a broken CUDA context fails the RNG read: wait() must return
-            run._done.set()
+        run.wall_s += time.perf_counter() - start
+        run.finish(read_rng=lambda: ckpt.rng_state(setup.device))
 
 
 def _current_device(device: torch.device):
@@ -249,74 +257,111 @@ def _intra_op_threads(threads: int):
             torch.set_num_threads(before)
 
 
-def _train(run: Run, parts: Parts) -> None:
-    meter = Interval(parts.device, run.step, run.config.telemetry)
-    if parts.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(parts.device)   # peak of this run, not the kernel's
-    try:
-        _epochs(run, parts, meter)
-    except BaseException:
-        # the last interval's record, unless the device cannot be read any more: the
-        # error that ended the run is the one to report
-        with contextlib.suppress(Exception):
-            _flush(run, meter)
-        raise
-    _flush(run, meter)
+def _train(run: Run, setup: Setup) -> None:
+    """The loop: a step per window of batches until total_steps or a stop, a record every
+    `log_every` steps, validation at each epoch's end, then the checkpoint."""
+    cfg, opt = run.config, run.optimizer
+    interval = Interval(setup.device, run.step, cfg.telemetry)
+    if setup.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(setup.device)   # peak of this run, not the kernel's
+    with _last_record_on_error(run, interval):
+        run.model.train()
+        run.stage = "load"
+        while run.step < run.total_steps and not run.stop_requested:
+            windows = _windows(setup.batches.epoch(run.epoch, run.batch_in_epoch),
+                               cfg.grad_accum_steps)
+            while run.step < run.total_steps:
+                # --- next batch(es): time spent here is time the model waited for data
+                t = time.perf_counter()
+                window = next(windows, None)
+                interval.data_wait_s += time.perf_counter() - t
+                if window is None:
+                    break
+                # --- the step: set the LR, forward, backward, update
+                run.stage = "step"
+                lr = _step(run, setup, window, interval)
+                interval.end_step()
+                run.step += 1
+                run.batch_in_epoch += len(window)
+                run.stage = "load"
+                # --- log: the previous interval's one host read happens in interval.close
+                if interval.steps == cfg.log_every:
+                    _log(run, interval, lr)
+                if cfg.checkpoint_every and cfg.checkpoint_dir \
+                        and run.step % cfg.checkpoint_every == 0:
+                    _flush(run, interval)   # the checkpoint's history is complete to its step
+                    _save_checkpoint(run)
+                # --- termination
+                if run.stop_requested:
+                    break
+            if run.stop_requested:
+                break
+            # --- the epoch ran to its end: validate
+            if run.batch_in_epoch >= len(setup.batches):
+                if interval.steps:   # close the epoch's last, shorter interval before validating
+                    _log(run, interval, _applied_lr(opt))
+                if setup.val_batches is not None:
+                    _flush(run, interval)   # validation reads the device anyway
+                    _validate(run, setup)
+                    interval.reset(run.step)   # validation time is no interval's training time
+                run.epoch, run.batch_in_epoch = run.epoch + 1, 0
+        if interval.steps:
+            _log(run, interval, _applied_lr(opt))
+    _flush(run, interval)
     _save_checkpoint(run)
+
+
+def _step(run: Run, setup: Setup, window, interval: Interval) -> float:
+    """One optimizer step on a window of micro-batches (gradient accumulation); returns its LR."""
+    cfg, opt, scaler = run.config, run.optimizer, run.scaler
+    # --- set the LR for this step (a pure function of the step: see schedule.py)
+    lr = run.schedule.lr(run.step)
+    for group in opt.param_groups:
+        group["lr"] = lr
+    # --- forward, backward; the losses stay on the device (interval reads them once per record)
+    losses = []
+    for batch in window:
+        interval.copy_started()
+        batch = setup.move(batch)
+        interval.copy_done()
+        with autocast_context(setup.amp, setup.device):
+            _, loss = outputs_and_loss(setup.forward, setup.loss_fn, batch)
+        losses.append(loss.detach())
+        interval.add(losses[-1], batch_len(batch))
+        if len(window) > 1:
+            loss = loss / len(window)
+        scaler.scale(loss).backward()
+    # --- update
+    if cfg.on_nan == "skip" and not _all_finite(losses):   # a host sync, skip mode only
+        opt.zero_grad(set_to_none=True)
+        interval.skipped += 1
+        return lr
+    if cfg.clip_grad_norm is not None:
+        scaler.unscale_(opt)   # clip the true gradients, not the fp16-scaled ones
+        torch.nn.utils.clip_grad_norm_(setup.params, cfg.clip_grad_norm)
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad(set_to_none=True)
+    return lr
+
+
+@contextlib.contextmanager
+def _last_record_on_error(run: Run, interval: Interval):
+    """When an error ends the loop, still emit the last interval's record, unless the
+    device cannot be read any more: the error that ended the run is the one to report."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):
+            _flush(run, interval)
+        raise
 
 
 def _save_checkpoint(run: Run) -> None:
     """Write the run's checkpoint, unless its weights may be non-finite: the last good
     checkpoint stays the one to resume from."""
-    if run.config.checkpoint_dir and not run._diverged:
+    if run.config.checkpoint_dir and not run.diverged:
         run.save(ckpt.path_in(run.config.checkpoint_dir))
-
-
-def _epochs(run: Run, parts: Parts, meter: Interval) -> None:
-    cfg, model, opt = run.config, run.model, run.optimizer
-    model.train()
-    run._stage = "load"
-    while run.step < run.total_steps and not run._stop.is_set():
-        windows = _windows(parts.batches.epoch(run.epoch, run.batch_in_epoch), cfg.grad_accum_steps)
-        while run.step < run.total_steps:
-            # --- next batch(es): time spent here is time the model waited for data
-            t = time.perf_counter()
-            window = next(windows, None)
-            meter.data_wait_s += time.perf_counter() - t
-            if window is None:
-                break
-            run._stage = "step"
-            # --- set the LR for this step (a pure function of the step: see schedule.py)
-            lr = run.schedule.lr(run.step)
-            for group in opt.param_groups:
-                group["lr"] = lr
-            # --- forward, backward, update
-            _step(run, parts, window, meter)
-            meter.end_step()
-            run.step += 1
-            run.batch_in_epoch += len(window)
-            run._stage = "load"
-            # --- log: the previous interval's one host read happens in meter.close
-            if meter.steps == cfg.log_every:
-                _log(run, meter, lr)
-            if cfg.checkpoint_every and cfg.checkpoint_dir and run.step % cfg.checkpoint_every == 0:
-                _flush(run, meter)   # the checkpoint's history is complete to its step
-                _save_checkpoint(run)
-            # --- termination
-            if run._stop.is_set():
-                break
-        if run._stop.is_set():
-            break
-        if run.batch_in_epoch >= len(parts.batches):   # the epoch ran to its end
-            if meter.steps:   # close the epoch's last, shorter interval before validating
-                _log(run, meter, _applied_lr(opt))
-            if parts.val_batches is not None:
-                _flush(run, meter)   # validation reads the device anyway
-                _validate(run, parts)
-                meter.reset(run.step)   # validation time is not the next interval's training time
-            run.epoch, run.batch_in_epoch = run.epoch + 1, 0
-    if meter.steps:
-        _log(run, meter, _applied_lr(opt))
 
 
 def _windows(batches, size: int):
@@ -335,32 +380,6 @@ def _windows(batches, size: int):
         yield tuple(window)
 
 
-def _step(run: Run, parts: Parts, window, meter: Interval) -> None:
-    cfg, opt, scaler = run.config, run.optimizer, run.scaler
-    losses = []
-    for batch in window:
-        meter.copy_started()
-        batch = parts.move(batch)
-        meter.copy_done()
-        with autocast_context(parts.amp, parts.device):
-            _, loss = outputs_and_loss(parts.forward, parts.loss_fn, batch)
-        losses.append(loss.detach())
-        meter.add(losses[-1], batch_len(batch))
-        if len(window) > 1:
-            loss = loss / len(window)
-        scaler.scale(loss).backward()
-    if cfg.on_nan == "skip" and not _all_finite(losses):   # a host sync, skip mode only
-        opt.zero_grad(set_to_none=True)
-        meter.skipped += 1
-        return
-    if cfg.clip_grad_norm is not None:
-        scaler.unscale_(opt)   # clip the true gradients, not the fp16-scaled ones
-        torch.nn.utils.clip_grad_norm_(parts.params, cfg.clip_grad_norm)
-    scaler.step(opt)
-    scaler.update()
-    opt.zero_grad(set_to_none=True)
-
-
 def _all_finite(losses) -> bool:
     """Whether every micro-batch's loss is finite: one bad one spoils the summed gradient."""
     return bool(torch.isfinite(torch.stack(losses)).all())
@@ -371,14 +390,14 @@ def _applied_lr(opt) -> float:
     return opt.param_groups[0]["lr"]
 
 
-def _log(run: Run, meter: Interval, lr: float) -> None:
+def _log(run: Run, interval: Interval, lr: float) -> None:
     """Close the interval and emit the one before it (see Interval)."""
-    _emit_train(run, meter.close(run.step, run.epoch, lr), meter.timed)
+    _emit_train(run, interval.close(run.step, run.epoch, lr), interval.timed)
 
 
-def _flush(run: Run, meter: Interval) -> None:
+def _flush(run: Run, interval: Interval) -> None:
     """Emit the last closed interval's record now (it waits for the device)."""
-    _emit_train(run, meter.flush(), meter.timed)
+    _emit_train(run, interval.flush(), interval.timed)
 
 
 def _emit_train(run: Run, record: Optional[dict], timed: bool) -> None:
@@ -386,41 +405,39 @@ def _emit_train(run: Run, record: Optional[dict], timed: bool) -> None:
         return
     if timed:
         record["diagnosis"] = diagnose(record, run.resolved)
-    run._emit(record)
+    run.emit(record)
     if record.get("first_nonfinite_step") is None or run.config.on_nan != "stop" \
-            or run._diverged:   # the first non-finite step is the one to name
+            or run.diverged:   # the first non-finite step is the one to name
         return
-    run._diverged = True
-    run.message = (f"loss became non-finite at step {record['first_nonfinite_step']}; "
-                   f"training stopped at step {run.step}. Lower lr, set clip_grad_norm, "
-                   "or use on_nan='skip' to skip such steps.")
-    run._stop.set()
+    run.diverge(f"loss became non-finite at step {record['first_nonfinite_step']}; "
+                f"training stopped at step {run.step}. Lower lr, set clip_grad_norm, "
+                "or use on_nan='skip' to skip such steps.")
 
 
 # -- validation ---------------------------------------------------------------------------------
-def _validate(run: Run, parts: Parts) -> None:
-    if parts.val_batches is None:
+def _validate(run: Run, setup: Setup) -> None:
+    if setup.val_batches is None:
         return
-    record = evaluate(run, parts)
+    record = evaluate(run, setup)
     run.schedule.on_validation(record["val_loss"])
-    run._emit(record)
+    run.emit(record)
 
 
 @torch.no_grad()
-def evaluate(run: Run, parts: Parts) -> dict:
+def evaluate(run: Run, setup: Setup) -> dict:
     """Mean loss (and accuracy for class-index targets) over the validation data."""
     run.model.eval()
-    loss_sum = torch.zeros((), device=parts.device)
-    correct = torch.zeros((), device=parts.device, dtype=torch.long)
+    loss_sum = torch.zeros((), device=setup.device)
+    correct = torch.zeros((), device=setup.device, dtype=torch.long)
     count, classified = 0, True
-    for batch in parts.val_batches.epoch(0):
-        batch = parts.val_move(batch)
-        with autocast_context(parts.amp, parts.device):   # one forward, even without loss_fn
-            out, loss = outputs_and_loss(parts.forward, parts.loss_fn, batch)
+    for batch in setup.val_batches.epoch(0):
+        batch = setup.val_move(batch)
+        with autocast_context(setup.amp, setup.device):   # one forward, even without loss_fn
+            out, loss = outputs_and_loss(setup.forward, setup.loss_fn, batch)
         n = batch_len(batch)
         loss_sum += loss.float() * n
         count += n
-        target = batch[-1] if parts.loss_fn else None
+        target = batch[-1] if setup.loss_fn else None
         if classified and _is_classification(out, target):
             correct += (out.argmax(-1) == target).sum()
         else:
@@ -439,11 +456,11 @@ def _is_classification(out, target) -> bool:
 
 
 # -- errors and Ctrl-C ------------------------------------------------------------------------
-def _explain(exc: Exception, run: Run, parts: Parts) -> str:
+def _explain(exc: Exception, run: Run, setup: Setup) -> str:
     where = f"batch {run.batch_in_epoch} of epoch {run.epoch} (step {run.step})"
-    if run._stage == "load" or worker_died(exc):   # a worker's death can land mid-step
+    if run.stage == "load" or worker_died(exc):   # a worker's death can land mid-step
         text = f"loading {where} failed: {type(exc).__name__}: {exc}"
-        culprit = _load_culprit(exc, run, parts.batches)
+        culprit = _load_culprit(exc, run, setup.batches)
         return text + (f"\n  {culprit}" if culprit else "")
     return f"the training step failed on {where}: {type(exc).__name__}: {exc}"
 
@@ -477,10 +494,9 @@ def _ctrl_c_stops(run: Run):
         return
 
     def on_sigint(signum, frame):
-        if run._interrupted:
+        if run.interrupted:   # the second press: the step in flight may never end
             raise KeyboardInterrupt
-        run._interrupted = True
-        run._stop.set()
+        run.interrupt()
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:

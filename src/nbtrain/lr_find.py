@@ -45,9 +45,10 @@ def lr_find(make_model, train_data, loss_fn: Optional[Callable] = None, *, confi
                        max_steps=num_steps, log_every=1, on_nan="stop", checkpoint_dir=None,
                        checkpoint_every=None)
     sweep = Sweep(start_lr, (end_lr / start_lr) ** (1 / (num_steps - 1)), diverge)
-    # log_every=1: a record (the loss) per step for the curve; `progress=sweep.attach`
-    # sets the schedule and subscribes before the first step.
-    run = fit(fresh_model(make_model), train_data, loss_fn, config=cfg, progress=sweep.attach)
+    # log_every=1: a record (the loss) per step for the curve; `on_start=sweep.attach`
+    # subscribes before the first step.
+    run = fit(fresh_model(make_model), train_data, loss_fn, config=cfg, progress=False,
+              schedule=sweep.schedule, on_start=sweep.attach)
     return LRFind(sweep.lrs, sweep.losses, sweep.diverged, run, base, (start_lr, end_lr))
 
 
@@ -75,9 +76,12 @@ class Sweep:
         self.run: Optional[Run] = None
         self._avg, self._best = 0.0, math.inf
 
+    def schedule(self, default: Schedule) -> Schedule:
+        """The sweep's schedule in place of the run's own (fit's `schedule=`)."""
+        return ExponentialSweep(default, self.start_lr, self.factor)
+
     def attach(self, run: Run) -> None:
         self.run = run
-        run.schedule = ExponentialSweep(run.schedule, self.start_lr, self.factor)
         run.subscribe(self.on_record)
 
     def on_record(self, record: dict) -> None:

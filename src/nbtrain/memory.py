@@ -77,7 +77,8 @@ def checkpointed_forward(model: torch.nn.Module, setting) -> Callable:
     if not isinstance(model, torch.nn.Sequential):
         raise ConfigError(f"TrainConfig.activation_checkpointing={setting!r} needs an "
                           f"nn.Sequential model; got {type(model).__name__}. Wrap the "
-                          "layers in nn.Sequential, or checkpoint inside your forward.")
+                          "layers in nn.Sequential, or checkpoint inside your forward.",
+                          field="activation_checkpointing")
     from torch.utils.checkpoint import checkpoint_sequential
     segments = setting if not isinstance(setting, bool) else max(1, round(math.sqrt(len(model))))
     segments = min(segments, len(model))

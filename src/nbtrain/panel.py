@@ -153,7 +153,7 @@ def planned_total_steps(config: TrainConfig, train_data) -> Optional[int]:
     """
     from torch.utils.data import DataLoader
     from .data.batches import batch_count
-    from .loop import planned_steps
+    from .loop import count_steps
     if config.max_steps is not None:
         return config.max_steps
     try:
@@ -162,9 +162,9 @@ def planned_total_steps(config: TrainConfig, train_data) -> Optional[int]:
         else:
             n = len(train_data[0]) if isinstance(train_data, (tuple, list)) else len(train_data)
             batches = batch_count(n, config.batch_size, config.drop_last)
-    except TypeError:   # an IterableDataset: no length until it runs
+        return count_steps(config, batches)
+    except (TypeError, ConfigError):   # an IterableDataset: no length until it runs; no batch
         return None
-    return planned_steps(config, batches) or None
 
 
 def _duration(seconds: float) -> str:

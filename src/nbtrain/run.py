@@ -37,12 +37,12 @@ class Run:
         self.step = 0                       # optimizer steps done
         self.epoch = 0
         self.batch_in_epoch = 0             # batches of `epoch` already consumed
+        self.stage = "load"                 # "load" or "step": where the loop is, for errors
         self.total_steps: Optional[int] = None
         self.wall_s = 0.0
         self._stop = threading.Event()
         self._interrupted = False           # set by Ctrl-C: ends as "interrupted"
         self._diverged = False              # a non-finite loss stopped it: weights may be too
-        self._stage = "load"                # "load" or "step": where an error happened
         self._rng_at_end = None
         self.released = False
         self._subscribers: List[Callable[[dict], None]] = []
@@ -81,7 +81,47 @@ class Run:
         if fn in self._subscribers:
             self._subscribers.remove(fn)
 
-    def _emit(self, record: dict, keep: bool = True) -> None:
+    def records(self, kind: str = "train") -> List[dict]:
+        return [r for r in self.history if r["kind"] == kind]
+
+    # -- used by the loop (fit): the whole contract between the loop and its Run ----------
+    # The loop also writes the public fields: state, message, error, step, epoch,
+    # batch_in_epoch, stage, total_steps, wall_s, model, optimizer, schedule, scaler.
+    def start(self, thread: threading.Thread) -> None:
+        """Train in `thread` (a background fit): "running" before it starts, so that a
+        caller polling right after fit returns sees it."""
+        self.state = "running"
+        self._thread = thread
+        thread.start()
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether the run is to end at the next step boundary (stop(), Ctrl-C, divergence)."""
+        return self._stop.is_set()
+
+    def interrupt(self) -> None:
+        """Ctrl-C: stop at the step boundary, and end as "interrupted" rather than "stopped"."""
+        self._interrupted = True
+        self._stop.set()
+
+    @property
+    def interrupted(self) -> bool:
+        return self._interrupted
+
+    def diverge(self, message: str) -> None:
+        """A non-finite loss: stop at the step boundary, saying why in `message`."""
+        self._diverged = True
+        self.message = message
+        self._stop.set()
+
+    @property
+    def diverged(self) -> bool:
+        """Whether a non-finite loss stopped the run: its weights may be non-finite too,
+        so the loop writes no checkpoint over the last good one."""
+        return self._diverged
+
+    def emit(self, record: dict, keep: bool = True) -> None:
+        """Add `record` to the history (unless keep=False) and pass it to each subscriber."""
         if keep:
             self.history.append(record)
             if len(self.history) > self.config.history_limit:
@@ -94,8 +134,22 @@ class Run:
                 self.unsubscribe(fn)
                 warnings.warn(f"nbtrain: subscriber {fn!r} raised {exc!r}; it was removed.")
 
-    def records(self, kind: str = "train") -> List[dict]:
-        return [r for r in self.history if r["kind"] == kind]
+    def finish(self, read_rng: Callable[[], dict]) -> None:
+        """The loop's last call, however training ended: keep the RNG as training left it
+        (`read_rng()`), send the "end" record (not kept in history), release wait().
+        wait() returns even if reading the RNG fails (a broken CUDA context)."""
+        try:
+            self._rng_at_end = read_rng()
+            self.emit({"kind": "end", "state": self.state, "step": self.step,
+                       "message": self.message}, keep=False)
+        finally:
+            self._done.set()
+
+    @property
+    def rng_at_end(self) -> Optional[dict]:
+        """The RNG state when training ended (None before): a checkpoint taken later, after
+        the user's cells drew numbers, resumes from this one."""
+        return self._rng_at_end
 
     # -- results ------------------------------------------------------------------------
     def summary(self) -> dict:

@@ -24,7 +24,7 @@ def _cosine(cfg, t, n, base):
     return cfg.min_lr + 0.5 * (base - cfg.min_lr) * (1 + math.cos(math.pi * min(t / n, 1.0)))
 
 
-def _step(cfg, t, n, base):
+def _step_decay(cfg, t, n, base):
     return base * cfg.gamma ** (t // cfg.step_size)
 
 
@@ -53,7 +53,7 @@ def _cyclic(cfg, t, n, base):
     return cfg.min_lr + (base - cfg.min_lr) * frac
 
 
-SHAPES = {"constant": _constant, "linear": _linear, "cosine": _cosine, "step": _step,
+SHAPES = {"constant": _constant, "linear": _linear, "cosine": _cosine, "step": _step_decay,
           "exponential": _exponential, "onecycle": _onecycle, "cyclic": _cyclic,
           "plateau": _constant}
 

@@ -53,7 +53,8 @@ def _tensor_source(tensors, cfg: TrainConfig, device, resolved: Resolved):
     if cfg.batched_fetch is True and workers not in ("auto", 0):
         raise ConfigError(f"TrainConfig.batched_fetch=True with num_workers={workers} is not "
                           "allowed: batched fetch serves tensors from the main process. "
-                          "Set num_workers=0, or batched_fetch=False to load per sample in workers.")
+                          "Set num_workers=0, or batched_fetch=False to load per sample in workers.",
+                          field="batched_fetch")
     batched = cfg.batched_fetch if cfg.batched_fetch != "auto" else workers in ("auto", 0)
     if not batched:
         return _dataset_source(torch.utils.data.TensorDataset(*tensors), cfg, device, resolved,
@@ -111,7 +112,8 @@ def _dataset_source(dataset, cfg: TrainConfig, device, resolved: Resolved,
     if cfg.data_on_device is True and device.type != "cpu":
         raise ConfigError("TrainConfig.data_on_device=True needs in-memory tensor data "
                           f"(an (inputs, targets) pair or a TensorDataset); got "
-                          f"{type(dataset).__name__}. Use data_on_device='auto' or False.")
+                          f"{type(dataset).__name__}. Use data_on_device='auto' or False.",
+                          field="data_on_device")
     has_getitems = hasattr(dataset, "__getitems__")
     resolved["batched_fetch"] = (has_getitems, "dataset has __getitems__" if has_getitems
                                  else why_per_sample)
@@ -156,7 +158,7 @@ def shippable(dataset, context=None):
         raise ConfigError(
             f"{type(dataset).__name__} is defined in the notebook (or inside a function), so "
             f"'{_start_method(context)}' workers cannot import it. pip install cloudpickle, "
-            "move the class into a .py file, or set num_workers=0.") from None
+            "move the class into a .py file, or set num_workers=0.", field="num_workers") from None
     return ByValue(dataset)
 
 
