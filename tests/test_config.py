@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 import nbtrain as nt
 from nbtrain import ConfigError, TrainConfig
@@ -13,7 +14,14 @@ from nbtrain import ConfigError, TrainConfig
     ("lr", -1.0, "a number > 0"),
     ("device", "gpu", "'cuda:N'"),
     ("num_workers", -1, "'auto' or a whole number >= 0"),
-    ("num_threads", 0, "'auto' or a whole number >= 1"),
+    ("num_threads", 0, "'auto' or a whole number from 1 to 1,024"),
+    ("num_threads", 10**9, "'auto' or a whole number from 1 to 1,024"),
+    ("lr", float("inf"), "a number > 0"),
+    ("weight_decay", float("nan"), "a number >= 0"),
+    ("final_div_factor", float("inf"), "a number >= 1"),
+    ("seed", 2**64, "a whole number from"),
+    ("history_limit", "many", "a whole number >= 10"),
+    ("checkpoint_dir", 123, "a folder path"),
     ("pin_memory", "yes", "True, False or 'auto'"),
     ("betas", (0.9, 1.5), "two numbers in [0, 1)"),
     ("on_nan", "ignore", "'stop', 'skip'"),
@@ -95,3 +103,34 @@ def test_every_config_error_raised_in_the_engine_names_its_field():
                     and not any(k.arg == "field" for k in node.keywords):
                 unnamed.append(f"{path.name}:{node.lineno}")
     assert not unnamed, unnamed
+
+
+def test_a_field_set_after_construction_is_checked_then_and_by_fit():
+    cfg = TrainConfig()
+    with pytest.raises(ConfigError, match="TrainConfig.lr=-1"):
+        cfg.lr = -1
+    cfg.optimizer = "adam"
+    cfg.nesterov = True   # valid alone; the rule between fields is fit's to check
+    x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
+    with pytest.raises(ConfigError, match="nesterov"):
+        nt.fit(torch.nn.Linear(3, 2), (x, y), torch.nn.functional.cross_entropy, config=cfg)
+
+
+def test_a_misspelt_keyword_in_the_constructor_suggests_the_field():
+    with pytest.raises(ConfigError, match="Did you mean 'epochs'"):
+        TrainConfig(epoch=3)
+
+
+def test_a_choice_differing_only_in_case_suggests_that_one():
+    with pytest.raises(ConfigError, match="did you mean 'adamw'"):
+        TrainConfig(optimizer="adamW")
+
+
+def test_checkpoint_every_needs_a_folder():
+    with pytest.raises(ConfigError, match="checkpoint_dir"):
+        TrainConfig(checkpoint_every=10)
+    assert TrainConfig(checkpoint_every=10, checkpoint_dir="ckpts").checkpoint_every == 10
+
+
+def test_a_list_of_betas_from_json_becomes_the_tuple():
+    assert TrainConfig.from_dict({"betas": [0.8, 0.9]}).betas == (0.8, 0.9)

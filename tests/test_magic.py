@@ -360,6 +360,8 @@ def test_bad_value_over_a_config_shows_the_configerror_text(ip, calls):
     ("--betas a,b", "argument --betas: expected two numbers separated by a comma"),
     ("--lr", "argument --lr: expected one argument"),
     ("--epoch-count 3", "unrecognized arguments: --epoch-count 3"),
+    ("--learning-rate 3e-4", "--learning-rate: did you mean --lr?"),
+    ("--batchsize 8", "--batchsize: did you mean --batch-size?"),
 ])
 def test_malformed_option_is_a_usage_error(ip, calls, options, expected):
     assert expected in usage_error(ip, f"%%fasttrain {options}\n{CELL}")

@@ -118,7 +118,7 @@ class TrainConfig:
         "auto", AutoOr(Whole(0)), "data path", "DataLoader worker processes", speed="tuned",
         flag="--workers", label="loader workers", options=("auto", 0, 1, 2, 4, 8))
     num_threads: Union[int, str] = setting(
-        "auto", AutoOr(Whole(1)), "data path",
+        "auto", AutoOr(Whole(1, 1024)), "data path",
         "CPU threads for training, leaving cores to the workers", flag="--threads",
         label="CPU threads", options=("auto", 1, 2, 4, 8))
     prefetch_factor: Optional[int] = setting(
@@ -217,7 +217,8 @@ class TrainConfig:
     release_previous: bool = setting(False, Flag(), "bookkeeping",
                                      "free the previous run's optimizer state and cache first",
                                      label="release previous run")
-    seed: int = setting(0, Whole(), "bookkeeping", "random seed", speed=False)
+    seed: int = setting(0, Whole(-2**63, 2**64 - 1), "bookkeeping",
+                        "random seed (torch takes 64 bits)", speed=False)
     checkpoint_dir: Optional[str] = setting(None, OrNone(Path()), "bookkeeping",
                                             "folder for checkpoints (None: none written)",
                                             speed=False, label="checkpoint folder",
@@ -226,15 +227,32 @@ class TrainConfig:
         None, OrNone(Whole(1)), "bookkeeping", "steps between checkpoints (None: at the end)",
         speed=False, label="checkpoint every", placeholder="empty: at the end only")
 
-    def __post_init__(self):
-        if isinstance(self.betas, list):
-            self.betas = tuple(self.betas)
-        for name, meta in SETTINGS.items():
-            value = getattr(self, name)
+    def __new__(cls, *args, **kwargs):
+        _reject_unknown(kwargs)   # TrainConfig(epoch=3) suggests epochs, as replace() does
+        return super().__new__(cls)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Each field is checked as it is set, in the constructor and after it
+        (`cfg.lr = -1` fails here, not deep inside torch)."""
+        meta = SETTINGS.get(name)
+        if meta is not None:
+            value = meta.kind.normalise(value)
             if not meta.kind.accepts(value):
                 _fail(name, value)
+        object.__setattr__(self, name, value)
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> "TrainConfig":
+        """Check every field and the rules between fields (fit calls it again, since fields
+        set one by one after construction are only checked alone)."""
+        for name, meta in SETTINGS.items():
+            if not meta.kind.accepts(getattr(self, name)):
+                _fail(name, getattr(self, name))
         for rule in _RULES:
             rule(self)
+        return self
 
     # -- copies and round trips --------------------------------------------------------
     def replace(self, **changes: Any) -> "TrainConfig":
@@ -277,7 +295,7 @@ def as_config(config) -> TrainConfig:
     if isinstance(config, dict):
         return TrainConfig.from_dict(config)
     if isinstance(config, TrainConfig):
-        return config
+        return config.validate()   # fields set one by one since construction
     raise TypeError(f"config must be a TrainConfig or a dict of its fields; "
                     f"got {type(config).__name__}.")
 
@@ -320,10 +338,17 @@ def _check_worker_options(cfg: TrainConfig) -> None:
               "None when num_workers=0 (only workers prefetch)")
 
 
+def _check_checkpoint_folder(cfg: TrainConfig) -> None:
+    if cfg.checkpoint_every is not None and cfg.checkpoint_dir is None:
+        _fail("checkpoint_every", cfg.checkpoint_every,
+              "None unless checkpoint_dir is set (where would the checkpoints go?)")
+
+
 def _check_checkpointing(cfg: TrainConfig) -> None:
     if cfg.activation_checkpointing is not False and cfg.compile:
         _fail("activation_checkpointing", cfg.activation_checkpointing,
               "False when compile=True (pick one)")
 
 
-_RULES = (_check_lr_floor, _check_nesterov, _check_worker_options, _check_checkpointing)
+_RULES = (_check_lr_floor, _check_nesterov, _check_worker_options, _check_checkpointing,
+          _check_checkpoint_folder)

@@ -9,6 +9,7 @@ field.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 from typing import Any, Optional, Tuple
 
@@ -42,17 +43,25 @@ class Kind:
         """`allowed`, with a hint fitted to the rejected value where one helps."""
         return self.allowed
 
+    def normalise(self, value):
+        """The value as stored: a list read from JSON becomes the tuple it was."""
+        return value
+
 
 class Whole(Kind):
     """A whole number, at least `low` when given (bools are not numbers here)."""
     metavar = "N"
 
-    def __init__(self, low: Optional[int] = None):
-        self.low = low
-        self.allowed = "a whole number" + (f" >= {low}" if low is not None else "")
+    def __init__(self, low: Optional[int] = None, high: Optional[int] = None):
+        self.low, self.high = low, high
+        if high is None:
+            self.allowed = "a whole number" + (f" >= {low}" if low is not None else "")
+        else:
+            self.allowed = f"a whole number from {low:,} to {high:,}"
 
     def accepts(self, value) -> bool:
-        return _is_int(value) and (self.low is None or value >= self.low)
+        return _is_int(value) and (self.low is None or value >= self.low) \
+            and (self.high is None or value <= self.high)
 
     def parse(self, text: str) -> int:
         try:
@@ -75,7 +84,7 @@ class Number(Kind):
         return f"in {'(' if self.low_open else '['}{self.low}, {self.high}{')' if self.high_open else ']'}"
 
     def accepts(self, value) -> bool:
-        if not _is_number(value):
+        if not _is_number(value) or not math.isfinite(value):   # NaN passes every comparison
             return False
         above = value > self.low if self.low_open else value >= self.low
         below = self.high is None or (value < self.high if self.high_open else value <= self.high)
@@ -115,8 +124,14 @@ class Choice(Kind):
         return value in self.options
 
     def describe(self, value) -> str:
-        close = difflib.get_close_matches(str(value), [str(o) for o in self.options], n=1)
-        return self.allowed + (f" (did you mean {close[0]!r}?)" if close else "")
+        return self.allowed + (f" (did you mean {self.closest(value)!r}?)"
+                               if self.closest(value) else "")
+
+    def closest(self, value) -> Optional[str]:
+        """The option `value` most likely meant: the same but for case, else the closest."""
+        names = [str(o) for o in self.options]
+        same = [n for n in names if n.lower() == str(value).lower()]
+        return (same or difflib.get_close_matches(str(value), names, n=1) or [None])[0]
 
     def parse(self, text: str):
         """The option written `text`; other text is returned as is, for TrainConfig to
@@ -201,6 +216,9 @@ class Pair(Kind):
 
     def accepts(self, value) -> bool:
         return isinstance(value, tuple) and len(value) == 2 and all(map(self.part.accepts, value))
+
+    def normalise(self, value):
+        return tuple(value) if isinstance(value, list) else value
 
     def parse(self, text: str) -> tuple:
         try:

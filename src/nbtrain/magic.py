@@ -13,6 +13,7 @@ user namespace (as `run` unless `--out` names another variable).
 from __future__ import annotations
 
 import argparse
+import difflib
 import keyword
 import os
 import types
@@ -125,7 +126,7 @@ class FastTrainMagics(Magics):
 
             %fasttrain --resume run --max-steps 400
         """
-        args = magic_arguments.parse_argstring(self.fasttrain, line)
+        args = _parse_options(self.fasttrain, line)
         if args.out is not None:
             _check_out_name(args.out)
         if args.config is None and args.resume is None:
@@ -174,6 +175,35 @@ class FastTrainMagics(Magics):
 
 
 # -- options -> TrainConfig -----------------------------------------------------------------
+
+def _parse_options(magic_method, line: str):
+    """The options of `line`; an unknown one names the option it most likely meant."""
+    try:
+        return magic_arguments.parse_argstring(magic_method, line)
+    except UsageError as err:
+        text = str(err)
+        unknown = [w for w in text.partition("unrecognized arguments:")[2].split()
+                   if w.startswith("--")]
+        hints = [f"{word}: did you mean {_closest_option(word, magic_method.parser)}?"
+                 for word in unknown if _closest_option(word, magic_method.parser)]
+        raise UsageError("\n".join([text, *hints])) from None
+
+
+def _closest_option(word: str, parser) -> str:
+    """The option `word` most likely meant, matched against each option's flags, its
+    field's name and its panel label (--learning-rate -> --lr)."""
+    spelled = {}
+    for action in parser._actions:
+        if not action.option_strings:
+            continue
+        meta = SETTINGS.get(action.dest)
+        aliases = [meta.name, meta.label] if meta else []
+        for alias in action.option_strings + ["--" + a.replace("_", "-").replace(" ", "-").lower()
+                                              for a in aliases]:
+            spelled.setdefault(alias, action.option_strings[0])
+    close = difflib.get_close_matches(word.lower(), list(spelled), n=1, cutoff=0.75)
+    return spelled[close[0]] if close else ""
+
 
 def _check_out_name(name: str) -> None:
     if not name.isidentifier() or keyword.iskeyword(name):
