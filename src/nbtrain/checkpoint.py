@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import zipfile
 from pathlib import Path
 
 import torch
@@ -66,6 +67,7 @@ def load(path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}: pass the path of a file that "
                                 "nbtrain wrote (checkpoint_dir/last.pt) or a Run.")
+    _check_intact(path)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
@@ -73,6 +75,23 @@ def load(path) -> dict:
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ValueError(f"{path} is not an nbtrain checkpoint (format {FORMAT}).")
     return state
+
+
+def _check_intact(path: Path) -> None:
+    """torch.save writes a zip whose members carry CRC-32s, but torch.load does not check
+    them: a flipped bit in a weight loads silently. Check every member first (one more
+    read of the file)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise ValueError(f"{path} is not a readable nbtrain checkpoint ({exc}): it is damaged, "
+                         "or not a file nbtrain wrote. Resume from an earlier checkpoint, or "
+                         "start anew.") from None
+    if damaged is not None:
+        raise ValueError(f"{path} is damaged: its part {damaged!r} fails its CRC check "
+                         "(the file changed after it was written). Resume from an earlier "
+                         "checkpoint, or start anew.")
 
 
 def restore(run, state: dict) -> None:
@@ -84,10 +103,9 @@ def restore(run, state: dict) -> None:
                           f"trained with {saved['optimizer']!r}: its optimizer state does not "
                           f"fit. Resume with optimizer={saved['optimizer']!r}, or start anew.",
                           field="optimizer")
-    try:
-        run.model.load_state_dict(state["model"])
-    except RuntimeError as exc:
-        raise ValueError(f"the checkpoint does not fit this model: {exc}") from exc
+    _check_model_fits(run.model.state_dict(), state["model"])   # before anything is loaded
+    _check_groups_fit(run, saved, state["optimizer"])
+    run.model.load_state_dict(state["model"])
     # A copy: load_state_dict keeps the given state tensors (`.to` on the same device returns
     # them), so resuming from a Run would step that Run's own moments, and each branch of it.
     run.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
@@ -100,6 +118,37 @@ def restore(run, state: dict) -> None:
     pos = state["position"]
     run.step, run.epoch, run.batch_in_epoch = pos["step"], pos["epoch"], pos["batch_in_epoch"]
     run.history = list(state["history"])
+
+
+def _check_model_fits(mine: dict, saved: dict) -> None:
+    """Refuse a checkpoint of another model before loading any of it: torch's
+    load_state_dict copies the matching layers before it reports the others."""
+    missing = [k for k in mine if k not in saved]
+    unexpected = [k for k in saved if k not in mine]
+    resized = [f"{k} {tuple(saved[k].shape)} -> {tuple(mine[k].shape)}" for k in mine
+               if k in saved and hasattr(mine[k], "shape") and mine[k].shape != saved[k].shape]
+    problems = [f"{what}: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}"
+                for what, names in (("not in the checkpoint", missing),
+                                    ("only in the checkpoint", unexpected),
+                                    ("shape changed", resized)) if names]
+    if problems:
+        raise ValueError("the checkpoint does not fit this model (nothing was loaded): "
+                         + "; ".join(problems) + ". Resume with the model it was saved from.")
+
+
+def _check_groups_fit(run, saved_config: dict, saved_optimizer: dict) -> None:
+    """Parameter groups come from weight_decay and decay_norm_and_bias: name a change of
+    those instead of torch's "different number of parameter groups"."""
+    groups = [len(g["params"]) for g in saved_optimizer["param_groups"]]
+    mine = [len(g["params"]) for g in run.optimizer.param_groups]
+    if groups == mine:
+        return
+    changed = [f"{name} changed from {saved_config[name]!r} to {getattr(run.config, name)!r}"
+               for name in ("weight_decay", "decay_norm_and_bias")
+               if saved_config.get(name) != getattr(run.config, name)]
+    raise ValueError(f"the checkpoint's optimizer has parameter groups of {groups} parameters, "
+                     f"this run's of {mine}" + (f": {'; '.join(changed)}" if changed else "")
+                     + ". Resume with the settings it was saved with, or start anew.")
 
 
 def _restore_rng(rng: dict, device: torch.device) -> None:

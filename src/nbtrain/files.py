@@ -23,7 +23,9 @@ def atomic_write(path, mode: str = "wb"):
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    remove_stale_temps(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.",
+                               suffix=".tmp")
     try:
         with os.fdopen(fd, mode) as f:
             yield f
@@ -33,3 +35,24 @@ def atomic_write(path, mode: str = "wb"):
     except BaseException:   # KeyboardInterrupt too: no temp file left behind
         os.unlink(tmp)
         raise
+
+
+def remove_stale_temps(path: Path) -> None:
+    """Remove the temp files of writes to `path` whose process is gone (killed mid-write:
+    SIGKILL leaves no chance to clean up). A live process's temp file is its write in
+    progress, and stays."""
+    for temp in path.parent.glob(f".{path.name}.*.tmp"):
+        pid = temp.name[len(path.name) + 2:].split(".", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            with contextlib.suppress(OSError):
+                temp.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)   # signal 0: asks only whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # exists, but another user's
+        return True
+    return True

@@ -44,6 +44,7 @@ class Setup:
     loss_fn: Optional[Callable]
     params: list
     val_move: Optional[Callable] = None   # validation data is resolved (pinned, resident) apart
+    boundary_rng: Optional[dict] = None   # the RNG at the last step boundary (see _train)
 
 
 def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, *,
@@ -69,6 +70,7 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
     state = ckpt.load(resume) if isinstance(resume, (str, bytes)) or hasattr(resume, "__fspath__") \
         else (resume.checkpoint() if isinstance(resume, Run) else None)
     cfg = _config_from(config, state)
+    _refuse_busy(model)   # before anything touches the model
     if cfg.release_previous:
         release_previous_run()
     run = Run(cfg)
@@ -87,6 +89,7 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
     elif progress:
         from .progress import attach_progress
         attach_progress(run)
+    _claim(model, run)
     if background:
         run.start(threading.Thread(target=_train_safely, args=(run, setup),
                                    name="nbtrain-fit", daemon=True))
@@ -111,6 +114,30 @@ def release_previous_run() -> Optional[dict]:
     if previous is None or previous.running:
         return None
     return release(previous)
+
+
+# Which Run trains each model: two runs stepping two optimizers over the same parameters
+# would race (torch raises deep inside the optimizer, or the weights are silently wrong).
+_training: "weakref.WeakKeyDictionary[torch.nn.Module, Run]" = weakref.WeakKeyDictionary()
+_training_lock = threading.Lock()
+
+
+def _refuse_busy(model) -> None:
+    other = _training.get(model) if isinstance(model, torch.nn.Module) else None
+    if other is not None and other.state in ("created", "running"):
+        raise RuntimeError(
+            f"this model is already being trained by {other!r} (a background fit, a Panel "
+            "or %%fasttrain --background). Stop that run first (run.stop(); run.wait(), or "
+            "the panel's Stop), or train a copy of the model (copy.deepcopy(model)).")
+
+
+def _claim(model, run: Run) -> None:
+    """Mark `run` as the one training `model`; the check and the mark are one step, so two
+    fits starting at once cannot both pass."""
+    with _training_lock:
+        _refuse_busy(model)
+        run.state = "running"
+        _training[model] = run
 
 
 def _config_from(config, state) -> TrainConfig:
@@ -139,6 +166,8 @@ def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Setup:
         on_device = "auto" if cfg.data_on_device is True else cfg.data_on_device
         val_cfg = cfg.replace(shuffle=False, drop_last=False, data_on_device=on_device)
         val_batches = make_batches(val_data, val_cfg, device, val_resolved)
+        _refuse_empty(val_batches, val_cfg, "val_data")
+    _refuse_empty(batches, cfg, "train_data")   # else max_steps would loop over no batches
     run.total_steps = count_steps(cfg, batches)
     forward = model
     if cfg.activation_checkpointing is not False:
@@ -195,6 +224,30 @@ def _probe_step(model, setup: Setup, amp: str) -> None:
         loss.backward()
 
 
+def _refuse_empty(batches, cfg: TrainConfig, what: str) -> None:
+    """Data that yields no batch: nothing to train on, however many steps are asked for."""
+    try:
+        if len(batches):
+            return
+    except TypeError:   # an IterableDataset: no length to check
+        return
+    samples = _sample_count(batches)
+    if not samples:
+        raise ConfigError(f"{what} is empty: it has no samples. Pass data with at least "
+                          "one sample.", field=None)
+    raise ConfigError(f"TrainConfig.batch_size={cfg.batch_size} with drop_last=True leaves no "
+                      f"batch: {what} has {samples} sample(s). Lower batch_size to at most "
+                      f"{samples}, or set drop_last=False.", field="batch_size")
+
+
+def _sample_count(batches) -> Optional[int]:
+    plan = getattr(batches, "sampler", batches)   # a LoaderBatches plans with its sampler
+    if hasattr(plan, "n"):
+        return plan.n
+    dataset = getattr(batches, "dataset", None)
+    return len(dataset) if hasattr(dataset, "__len__") else None
+
+
 def count_steps(cfg: TrainConfig, batches) -> int:
     """Optimizer steps of a run: max_steps when set, else every epoch's (accumulated) steps.
 
@@ -221,6 +274,7 @@ def _train_safely(run: Run, setup: Setup) -> None:
     """Run the loop; whatever ends it, the Run keeps its model, optimizer and history."""
     start = time.perf_counter()
     run.state = "running"
+    mid_step = False   # ended inside a step: resume from its boundary, RNG included
     try:
         with _current_device(setup.device), _intra_op_threads(run.resolved["num_threads"][0]):
             _train(run, setup)
@@ -228,14 +282,17 @@ def _train_safely(run: Run, setup: Setup) -> None:
             "stopped" if run.stop_requested or run.message else "finished")
     except KeyboardInterrupt:
         run.optimizer.zero_grad(set_to_none=True)   # drop the half-done step's gradients
-        run.state = "interrupted"
+        run.state, mid_step = "interrupted", True
     except Exception as exc:
-        run.state = "failed"
+        run.optimizer.zero_grad(set_to_none=True)
+        run.state, mid_step = "failed", True
         run.error = TrainingError(_explain(exc, run, setup), run)
         run.error.__cause__ = exc
     finally:
         run.wall_s += time.perf_counter() - start
-        run.finish(read_rng=lambda: ckpt.rng_state(setup.device))
+        rewind = mid_step and setup.boundary_rng is not None
+        run.finish(read_rng=(lambda: setup.boundary_rng) if rewind
+                   else lambda: ckpt.rng_state(setup.device))
 
 
 def _current_device(device: torch.device):
@@ -267,6 +324,9 @@ def _train(run: Run, setup: Setup) -> None:
     with _last_record_on_error(run, interval):
         run.model.train()
         run.stage = "load"
+        # A run that fails or is interrupted mid-step resumes from the last step boundary:
+        # keep the RNG there (a 1 us copy per step), not as the half-done step left it.
+        setup.boundary_rng = ckpt.rng_state(setup.device)
         while run.step < run.total_steps and not run.stop_requested:
             windows = _windows(setup.batches.epoch(run.epoch, run.batch_in_epoch),
                                cfg.grad_accum_steps)
@@ -284,13 +344,12 @@ def _train(run: Run, setup: Setup) -> None:
                 run.step += 1
                 run.batch_in_epoch += len(window)
                 run.stage = "load"
+                setup.boundary_rng = ckpt.rng_state(setup.device)
                 # --- log: the previous interval's one host read happens in interval.close
                 if interval.steps == cfg.log_every:
                     _log(run, interval, lr)
-                if cfg.checkpoint_every and cfg.checkpoint_dir \
-                        and run.step % cfg.checkpoint_every == 0:
-                    _flush(run, interval)   # the checkpoint's history is complete to its step
-                    _save_checkpoint(run)
+                if cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0:
+                    _checkpoint_now(run, interval, lr)
                 # --- termination
                 if run.stop_requested:
                     break
@@ -355,6 +414,15 @@ def _last_record_on_error(run: Run, interval: Interval):
         with contextlib.suppress(Exception):
             _flush(run, interval)
         raise
+
+
+def _checkpoint_now(run: Run, interval: Interval, lr: float) -> None:
+    """A checkpoint mid-run. Every step's loss is read first (closing the open interval):
+    weights from a step whose loss was not yet seen finite are never saved."""
+    if interval.steps:
+        _log(run, interval, lr)
+    _flush(run, interval)   # also makes the checkpoint's history complete to its step
+    _save_checkpoint(run)
 
 
 def _save_checkpoint(run: Run) -> None:
@@ -477,10 +545,17 @@ def _load_culprit(exc: Exception, run: Run, batches) -> Optional[str]:
                                                run.config.grad_accum_steps)
         except Exception:
             return None
-    indices = source.sample_indices(run.epoch, run.batch_in_epoch) \
-        if hasattr(source, "sample_indices") else None
     dataset = getattr(source, "dataset", None)
-    return describe_bad_sample(dataset, indices) if indices and dataset is not None else None
+    if dataset is None or not hasattr(source, "sample_indices"):
+        return None
+    # with gradient accumulation the loop was loading a window of batches from this one
+    last = min(run.batch_in_epoch + run.config.grad_accum_steps, len(source))
+    for batch in range(run.batch_in_epoch, last):
+        indices = source.sample_indices(run.epoch, batch)
+        culprit = describe_bad_sample(dataset, indices) if indices else None
+        if culprit:
+            return culprit if batch == run.batch_in_epoch else f"in batch {batch}: {culprit}"
+    return None
 
 
 @contextlib.contextmanager

@@ -404,19 +404,22 @@ def merge(a: dict, b: dict) -> dict:
 
 
 def compact(history: list) -> list:
-    """Halve the older half of the train records by merging neighbours: the history stays
-    bounded however long the run, and recent intervals keep full resolution."""
+    """Halve the older half of the history: neighbouring train records are merged in
+    pairs, and of each two validation records the later is kept. The history stays
+    bounded however long the run and whatever the mix of records (validation every epoch
+    included), and recent intervals keep full resolution."""
     half = len(history) // 2
     older, newer = history[:half], history[half:]
-    merged = []
-    for record in older:
-        last = merged[-1] if merged else None
-        if (record["kind"] == "train" and last is not None and last["kind"] == "train"
-                and not last.get("_merged")):
-            merged[-1] = merge(last, record)
-            merged[-1]["_merged"] = True
+    kept, waiting = [], {}   # (position, record); kind -> the first of a pair
+    for position, record in enumerate(older):
+        kind = record["kind"]
+        if kind not in ("train", "val"):
+            kept.append((position, record))
+        elif kind in waiting:
+            first = waiting.pop(kind)[1]
+            kept.append((position, merge(first, record) if kind == "train" else record))
         else:
-            merged.append(record)
-    for record in merged:
-        record.pop("_merged", None)
-    return merged + newer
+            waiting[kind] = (position, record)
+    kept.extend(waiting.values())
+    kept.sort(key=lambda pair: pair[0])
+    return [record for _, record in kept] + newer

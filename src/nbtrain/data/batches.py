@@ -107,13 +107,18 @@ class LoaderBatches:
     def __init__(self, dataset: Dataset, sampler: EpochBatchSampler, **loader_kwargs):
         self.dataset = dataset
         self.sampler = sampler
-        self.loader = DataLoader(dataset, batch_sampler=sampler, **loader_kwargs)
+        # Each iter(loader) draws its workers' base seed from `generator`, or without one
+        # from the global RNG: a resumed run's extra iterator would shift every later
+        # dropout mask. Its own generator, seeded per epoch, leaves the global RNG alone.
+        self.loader = DataLoader(dataset, batch_sampler=sampler, generator=torch.Generator(),
+                                 **loader_kwargs)
 
     def __len__(self) -> int:
         return len(self.sampler)
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator:
         self.sampler.epoch, self.sampler.start = epoch, start
+        self.loader.generator.manual_seed(self.sampler.seed * 1_000_003 + epoch)
         return iter(self.loader)
 
     def sample_indices(self, epoch: int, batch: int) -> List[int]:

@@ -1,0 +1,205 @@
+"""Nothing lost, nothing silent: exact resume on every data path, no endless loops, one
+run per model, checkpoints that are checked, bounded history."""
+import threading
+import zipfile
+
+import pytest
+import torch
+from torch.nn import functional as F
+from torch.utils.data import Dataset
+
+import nbtrain as nt
+from nbtrain import checkpoint as ckpt
+
+from conftest import mlp, quick
+
+
+class Samples(Dataset):
+    """A map-style dataset: the DataLoader path."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        if getattr(self, "bad", None) == i:
+            raise ValueError("corrupt record")
+        return self.x[i], self.y[i]
+
+
+def _same_state(a, b) -> None:
+    for (name, p), q in zip(a.model.state_dict().items(), b.model.state_dict().values()):
+        assert torch.equal(p, q), name
+    sa, sb = a.optimizer.state_dict()["state"], b.optimizer.state_dict()["state"]
+    for key in sa:
+        for field in sa[key]:
+            assert torch.equal(torch.as_tensor(sa[key][field]), torch.as_tensor(sb[key][field]))
+
+
+def _fit(data, resume=None, **cfg):
+    torch.manual_seed(123)   # the model's own init: the same for every run of a test
+    return nt.fit(mlp(dropout=0.3), data, F.cross_entropy, resume=resume, progress=False,
+                  config=quick(**cfg))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataset_resume_is_exact_with_dropout(blobs, workers):
+    data = Samples(*blobs)
+    extra = dict(num_workers=workers, epochs=2)
+    straight = _fit(data, **extra)
+    first = _fit(data, max_steps=11, **extra)   # stops mid-epoch (16 batches an epoch)
+    model = mlp(dropout=0.3)
+    resumed = nt.fit(model, data, F.cross_entropy, resume=first, progress=False,
+                     config=quick(**extra))
+    _same_state(straight, resumed)
+
+
+def test_resume_after_a_failure_mid_epoch_is_exact(blobs):
+    data = Samples(*blobs)
+    straight = _fit(data, epochs=1)
+    data.bad = 200                       # batch 6 fails to load
+    with pytest.raises(nt.TrainingError) as err:
+        _fit(data, epochs=1)
+    assert "sample 200 raised ValueError: corrupt record" in str(err.value)
+    data.bad = None
+    resumed = nt.fit(mlp(dropout=0.3), data, F.cross_entropy, resume=err.value.run,
+                     progress=False, config=quick(epochs=1))
+    _same_state(straight, resumed)
+
+
+def test_a_failed_load_names_the_sample_in_any_batch_of_an_accumulation_window(blobs):
+    data = Samples(*blobs)
+    data.bad = 3 * 32 + 5                # in the second batch of the window at batch 2
+    with pytest.raises(nt.TrainingError) as err:
+        _fit(data, epochs=1, grad_accum_steps=2, shuffle=False)
+    assert "in batch 3: sample 101 raised ValueError" in str(err.value)
+
+
+def test_nan_is_seen_before_a_checkpoint_holds_its_weights(blobs, tmp_path):
+    class Explodes(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = mlp()
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            out = self.body(x)
+            return out * float("nan") if self.calls >= 7 else out   # step 7 on: non-finite
+
+    run = nt.fit(Explodes(), blobs, F.cross_entropy, progress=False,
+                 config=quick(max_steps=30, log_every=10, checkpoint_every=3,
+                              checkpoint_dir=str(tmp_path)))
+    assert run.diverged and "non-finite at step 7" in run.message
+    saved = ckpt.load(ckpt.path_in(tmp_path))
+    assert saved["position"]["step"] == 6   # the last checkpoint whose steps were all read
+    assert all(torch.isfinite(t).all() for t in saved["model"].values())
+
+
+@pytest.mark.parametrize("data, advice", [
+    ((torch.zeros(0, 8), torch.zeros(0, dtype=torch.long)), "train_data is empty"),
+    (Samples(torch.zeros(0, 8), torch.zeros(0, dtype=torch.long)), "train_data is empty"),
+])
+def test_empty_data_is_refused_before_training_even_with_max_steps(data, advice):
+    with pytest.raises(nt.ConfigError, match=advice):
+        _fit(data, max_steps=5)
+
+
+def test_a_batch_larger_than_the_data_with_drop_last_says_so(blobs):
+    with pytest.raises(nt.ConfigError, match="train_data has 512 sample.*at most 512"):
+        _fit(blobs, max_steps=5, batch_size=1000, drop_last=True)
+
+
+def test_empty_validation_data_is_named(blobs):
+    empty = (torch.zeros(0, 8), torch.zeros(0, dtype=torch.long))
+    with pytest.raises(nt.ConfigError, match="val_data is empty"):
+        nt.fit(mlp(), blobs, F.cross_entropy, val_data=empty, progress=False,
+               config=quick(max_steps=2))
+
+
+def test_a_second_run_on_a_model_in_training_is_refused(blobs):
+    model = mlp()
+    gate = threading.Event()
+    first = nt.fit(model, blobs, F.cross_entropy, background=True, progress=False,
+                   config=quick(max_steps=10_000), on_start=lambda run: run.subscribe(
+                       lambda record: gate.set()))
+    try:
+        assert gate.wait(30)
+        before = [p.detach().clone() for p in model.parameters()]
+        with pytest.raises(RuntimeError, match="already being trained by .*Stop that run"):
+            nt.fit(model, blobs, F.cross_entropy, progress=False, config=quick(max_steps=2),
+                   resume=None)
+        assert first.state == "running"
+    finally:
+        first.stop()
+        first.wait(30)
+    assert len(before) == len(list(model.parameters()))
+    again = nt.fit(model, blobs, F.cross_entropy, progress=False, config=quick(max_steps=2))
+    assert again.state == "finished"   # once stopped, the model is free
+
+
+def test_history_stays_bounded_with_validation_every_epoch(blobs):
+    small = (blobs[0][:64], blobs[1][:64])   # 2 batches an epoch: a val record every 2 steps
+    run = nt.fit(mlp(), small, F.cross_entropy, val_data=small, progress=False,
+                 config=quick(epochs=150, history_limit=50, log_every=5))
+    assert len(run.history) <= 50
+    assert run.records("val")[-1]["epoch"] == 149   # the newest records are kept
+    steps = sum(r["steps"] for r in run.records("train"))
+    assert steps == run.step                        # merged, not dropped
+
+
+def _flip_byte(path, member_suffix, at=40):
+    with zipfile.ZipFile(path) as archive:
+        info = next(i for i in archive.infolist() if i.filename.endswith(member_suffix))
+    blob = bytearray(path.read_bytes())
+    local = info.header_offset   # the local header's own name and extra lengths
+    name_len, extra_len = (int.from_bytes(blob[local + i:local + i + 2], "little") for i in (26, 28))
+    start = local + 30 + name_len + extra_len
+    blob[start + at] ^= 0x10
+    path.write_bytes(bytes(blob))
+
+
+@pytest.mark.parametrize("member", ["data/0", "data.pkl"])
+def test_a_damaged_checkpoint_is_refused_naming_the_file(blobs, tmp_path, member):
+    run = _fit(blobs, max_steps=3, checkpoint_dir=str(tmp_path))
+    path = tmp_path / "last.pt"
+    _flip_byte(path, member, at=10)
+    with pytest.raises(ValueError, match=f"last.pt is damaged: its part '.*{member}' fails "
+                                         "its CRC check"):
+        ckpt.load(path)
+    assert run.step == 3
+
+
+def test_a_checkpoint_of_another_model_changes_nothing(blobs, tmp_path):
+    _fit(blobs, max_steps=3, checkpoint_dir=str(tmp_path))
+    other = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.LayerNorm(32), torch.nn.ReLU(),
+                                torch.nn.Dropout(0.0), torch.nn.Linear(32, 5))   # 5 classes
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+    with pytest.raises(ValueError, match=r"does not fit this model \(nothing was loaded\): "
+                                         r"shape changed: 4.weight \(3, 32\) -> \(5, 32\)"):
+        nt.fit(other, blobs, F.cross_entropy, resume=tmp_path / "last.pt", progress=False,
+               config=quick(max_steps=5))
+    for key, value in other.state_dict().items():
+        assert torch.equal(value, before[key]), key   # layer 0 matched, and is untouched
+
+
+def test_resuming_with_another_weight_decay_names_it(blobs):
+    first = _fit(blobs, max_steps=3)
+    with pytest.raises(ValueError, match="weight_decay changed from 0.0 to 0.01"):
+        nt.fit(mlp(dropout=0.3), blobs, F.cross_entropy, resume=first, progress=False,
+               config=quick(max_steps=5, weight_decay=0.01))
+
+
+def test_a_write_killed_mid_way_leaves_no_temp_file_after_the_next_save(blobs, tmp_path):
+    import subprocess
+    import sys
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    stale = tmp_path / f".last.pt.{dead}.abc123.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    mine = tmp_path / ".last.pt.1.live.tmp"   # pid 1 is alive: its write may be in progress
+    mine.write_bytes(b"")
+    _fit(blobs, max_steps=2, checkpoint_dir=str(tmp_path))
+    assert not stale.exists() and mine.exists()
