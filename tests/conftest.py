@@ -1,9 +1,21 @@
+import sys
+
 import pytest
 import torch
 torch.set_num_threads(1)  # tiny test models: threads only add spin-waits on 2 busy cores
 from torch import nn
 
 import nbtrain as nt
+
+
+@pytest.fixture(autouse=True)
+def _keep_main_module():
+    """IPython's InteractiveShell (the magic's tests) puts a module without __spec__ in
+    sys.modules["__main__"]; spawned DataLoader workers of later tests then fail to start.
+    Each test gets the interpreter's own __main__ back."""
+    main = sys.modules["__main__"]
+    yield
+    sys.modules["__main__"] = main
 
 
 @pytest.fixture

@@ -203,3 +203,41 @@ def test_a_write_killed_mid_way_leaves_no_temp_file_after_the_next_save(blobs, t
     mine.write_bytes(b"")
     _fit(blobs, max_steps=2, checkpoint_dir=str(tmp_path))
     assert not stale.exists() and mine.exists()
+
+
+def test_numpy_arrays_train_as_tensors_and_lists_are_refused(blobs):
+    x, y = (t.numpy() for t in blobs)
+    run = nt.fit(mlp(), (x, y), F.cross_entropy, progress=False, config=quick(max_steps=3))
+    assert run.state == "finished" and run.resolved["batched_fetch"][0] is True
+    with pytest.raises(TypeError, match="tuple of Python lists: pass tensors or numpy arrays"):
+        nt.fit(mlp(), (x.tolist(), y.tolist()), F.cross_entropy, progress=False,
+               config=quick(max_steps=3))
+
+
+def test_mismatched_validation_tensors_are_named_as_val_data(blobs):
+    with pytest.raises(ValueError, match="^val_data tensors must have the same length"):
+        nt.fit(mlp(), blobs, F.cross_entropy, val_data=(blobs[0][:5], blobs[1][:4]),
+               progress=False, config=quick(max_steps=2))
+
+
+@pytest.mark.parametrize("model, loss_fn, said", [
+    (torch.nn.Linear(8, 2), F.cross_entropy, "the model's output: a tensor of shape (32, 2)"),
+    (torch.nn.Linear(7, 3), F.cross_entropy, "the model's forward fails on these inputs"),
+    (torch.nn.Linear(8, 3), None, "no loss_fn was given: pass one"),
+])
+def test_a_failed_step_names_the_shapes(blobs, model, loss_fn, said):
+    with pytest.raises(nt.TrainingError) as err:
+        nt.fit(model, blobs, loss_fn, progress=False, config=quick(max_steps=2))
+    text = str(err.value)
+    assert "the batch: (a tensor of shape (32, 8) (float32), a tensor of shape (32,) (int64))" \
+        in text and said in text
+
+
+def test_error_text_quoting_a_huge_sample_is_cut(blobs):
+    class Loud(Samples):
+        def __getitem__(self, i):
+            raise ValueError("x" * 100_000)
+
+    with pytest.raises(nt.TrainingError) as err:
+        _fit(Loud(*blobs), max_steps=2)
+    assert len(str(err.value)) < 2_000 and "(100,000 characters)" in str(err.value)

@@ -20,6 +20,7 @@ from . import checkpoint as ckpt
 from .config import ConfigError, TrainConfig, as_config
 from .data import (describe_bad_sample, first_batch, make_batches, make_mover,
                    prefetch_to_device, resolve_prefetch)
+from .data.batches import describe_batch, shortened
 from .data.culprit import worker_died
 from .data.nested import batch_len
 from .devices import (autocast_context, cpu_bf16_choice, resolve_amp, resolve_device,
@@ -44,7 +45,9 @@ class Setup:
     loss_fn: Optional[Callable]
     params: list
     val_move: Optional[Callable] = None   # validation data is resolved (pinned, resident) apart
+    # where the loop is, for a failure's report and a resume from mid-step:
     boundary_rng: Optional[dict] = None   # the RNG at the last step boundary (see _train)
+    window: tuple = ()                    # the batches of the step in progress
 
 
 def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, *,
@@ -122,10 +125,14 @@ _training: "weakref.WeakKeyDictionary[torch.nn.Module, Run]" = weakref.WeakKeyDi
 _training_lock = threading.Lock()
 
 
+class ModelBusyError(RuntimeError):
+    """The model is being trained by another Run of this process."""
+
+
 def _refuse_busy(model) -> None:
     other = _training.get(model) if isinstance(model, torch.nn.Module) else None
     if other is not None and other.state in ("created", "running"):
-        raise RuntimeError(
+        raise ModelBusyError(
             f"this model is already being trained by {other!r} (a background fit, a Panel "
             "or %%fasttrain --background). Stop that run first (run.stop(); run.wait(), or "
             "the panel's Stop), or train a copy of the model (copy.deepcopy(model)).")
@@ -165,7 +172,7 @@ def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Setup:
         # on the device (a per-sample Dataset) is copied batch by batch instead
         on_device = "auto" if cfg.data_on_device is True else cfg.data_on_device
         val_cfg = cfg.replace(shuffle=False, drop_last=False, data_on_device=on_device)
-        val_batches = make_batches(val_data, val_cfg, device, val_resolved)
+        val_batches = make_batches(val_data, val_cfg, device, val_resolved, "val_data")
         _refuse_empty(val_batches, val_cfg, "val_data")
     _refuse_empty(batches, cfg, "train_data")   # else max_steps would loop over no batches
     run.total_steps = count_steps(cfg, batches)
@@ -338,7 +345,7 @@ def _train(run: Run, setup: Setup) -> None:
                 if window is None:
                     break
                 # --- the step: set the LR, forward, backward, update
-                run.stage = "step"
+                run.stage, setup.window = "step", window
                 lr = _step(run, setup, window, interval)
                 interval.end_step()
                 run.step += 1
@@ -527,10 +534,35 @@ def _is_classification(out, target) -> bool:
 def _explain(exc: Exception, run: Run, setup: Setup) -> str:
     where = f"batch {run.batch_in_epoch} of epoch {run.epoch} (step {run.step})"
     if run.stage == "load" or worker_died(exc):   # a worker's death can land mid-step
-        text = f"loading {where} failed: {type(exc).__name__}: {exc}"
+        text = f"loading {where} failed: {type(exc).__name__}: {shortened(str(exc))}"
         culprit = _load_culprit(exc, run, setup.batches)
         return text + (f"\n  {culprit}" if culprit else "")
-    return f"the training step failed on {where}: {type(exc).__name__}: {exc}"
+    text = f"the training step failed on {where}: {type(exc).__name__}: {shortened(str(exc))}"
+    return text + "".join(f"\n  {line}" for line in _step_shapes(setup))
+
+
+def _step_shapes(setup: Setup) -> list:
+    """What the failed step was given and what the model made of it: most step failures
+    are shapes that do not fit (model output vs targets, a layer's input size)."""
+    if not setup.window:
+        return []
+    batch = setup.window[0]
+    lines = [f"the batch: {describe_batch(batch)}"]
+    pair = isinstance(batch, (tuple, list)) and len(batch) >= 2
+    if setup.loss_fn is None and pair:
+        lines.append("the batches are (inputs, targets) but no loss_fn was given: pass one "
+                     "(e.g. torch.nn.functional.cross_entropy), or make the model take the "
+                     "whole batch and return the loss.")
+    elif setup.loss_fn is not None and pair:
+        try:
+            with torch.no_grad(), autocast_context(setup.amp, setup.device):
+                out = setup.forward(*setup.move(batch)[:-1])
+            lines.append(f"the model's output: {describe_batch(out)}; the targets: "
+                         f"{describe_batch(batch[-1])}")
+        except Exception as exc:
+            lines.append(f"the model's forward fails on these inputs: {type(exc).__name__}: "
+                         f"{shortened(str(exc), 200)}")
+    return lines
 
 
 def _load_culprit(exc: Exception, run: Run, batches) -> Optional[str]:

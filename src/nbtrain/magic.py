@@ -353,6 +353,7 @@ def _lookup(ns: dict, name: str, flag: str, what: str, candidates: list, source:
 def _train(ns: dict, args, config: TrainConfig, resume, inputs: dict):
     """Call nbtrain.fit and put the Run in the namespace, also when training fails."""
     import nbtrain   # at call time: the package imports this module to load the extension
+    from nbtrain.loop import ModelBusyError
     progress = _panel_progress() if args.panel else "auto"
     try:
         run = nbtrain.fit(inputs["model"], inputs["train_data"], inputs["loss_fn"],
@@ -361,7 +362,7 @@ def _train(ns: dict, args, config: TrainConfig, resume, inputs: dict):
     except nbtrain.TrainingError as err:
         ns[args.out] = err.run
         raise UsageError(f"Training failed: {err}\nThe failed Run is in `{args.out}`.") from err
-    except ConfigError as err:   # settings only the engine can check (e.g. no GPU for cuda)
+    except (ConfigError, ModelBusyError) as err:   # what only the engine can check
         raise UsageError(str(err)) from None
     ns[args.out] = run
     return run

@@ -25,17 +25,19 @@ def __getattr__(name):   # lmdb is imported only by those who use it
 Resolved = Dict[str, Tuple[object, str]]
 
 
-def make_batches(data, cfg: TrainConfig, device: torch.device, resolved: Resolved):
-    """The batch source for `data`, recording each data-path choice in `resolved`."""
+def make_batches(data, cfg: TrainConfig, device: torch.device, resolved: Resolved,
+                 what: str = "train_data"):
+    """The batch source for `data`, recording each data-path choice in `resolved`;
+    `what` names the data in errors (train_data, val_data)."""
     if isinstance(data, DataLoader):
         return _given_loader(data, cfg, resolved)
-    tensors = as_tensors(data)
+    tensors = as_tensors(data, what)
     if tensors is not None:
         return _tensor_source(tensors, cfg, device, resolved)
     if isinstance(data, Dataset) or (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
         return _dataset_source(data, cfg, device, resolved)
-    raise TypeError(f"train_data must be a map-style Dataset, an (inputs, targets) pair of "
-                    f"tensors or a DataLoader; got {type(data).__name__}.")
+    raise TypeError(f"{what} must be a map-style Dataset, an (inputs, targets) pair of "
+                    f"tensors or numpy arrays, or a DataLoader; got {type(data).__name__}.")
 
 
 def _given_loader(loader: DataLoader, cfg: TrainConfig, resolved: Resolved):

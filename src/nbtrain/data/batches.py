@@ -154,18 +154,32 @@ class GivenLoader:
         return None
 
 
-def as_tensors(data) -> Optional[tuple]:
-    """The tensors behind `data` when it is in-memory tensor data, else None."""
+def as_tensors(data, what: str = "train_data") -> Optional[tuple]:
+    """The tensors behind `data` when it is in-memory tensor or numpy data, else None.
+
+    numpy arrays become tensors sharing their memory (no copy). A tuple of Python lists
+    is refused: as a Dataset it would be "two samples", each a whole column.
+    """
     if isinstance(data, TensorDataset):
         return tuple(data.tensors)
-    if isinstance(data, (tuple, list)) and data and all(isinstance(t, torch.Tensor) for t in data):
-        lengths = {len(t) for t in data}
-        if len(lengths) != 1:
-            shapes = ", ".join(str(tuple(t.shape)) for t in data)
-            raise ValueError(f"train_data tensors must have the same length (first dimension); "
-                             f"got shapes {shapes}. Pass (inputs, targets) with one row per sample.")
-        return tuple(data)
-    return None
+    if not isinstance(data, (tuple, list)) or not data:
+        return None
+    if isinstance(data, tuple) and all(isinstance(t, list) for t in data):
+        raise TypeError(f"{what} is a tuple of Python lists: pass tensors or numpy arrays, "
+                        f"e.g. (torch.tensor(inputs), torch.tensor(targets)), or a Dataset.")
+    if not all(isinstance(t, torch.Tensor) or _is_array(t) for t in data):
+        return None
+    tensors = tuple(t if isinstance(t, torch.Tensor) else torch.from_numpy(t) for t in data)
+    if len({len(t) for t in tensors}) != 1:
+        shapes = ", ".join(str(tuple(t.shape)) for t in tensors)
+        raise ValueError(f"{what} tensors must have the same length (first dimension); "
+                         f"got shapes {shapes}. Pass (inputs, targets) with one row per sample.")
+    return tensors
+
+
+def _is_array(value) -> bool:
+    """A numpy array, without importing numpy for data that has none."""
+    return type(value).__module__ == "numpy" and hasattr(value, "__array_interface__")
 
 
 def describe_bad_sample(dataset, indices: List[int]) -> Optional[str]:
@@ -178,7 +192,7 @@ def describe_bad_sample(dataset, indices: List[int]) -> Optional[str]:
         try:
             signatures[i] = structure(dataset[i], _leaf_signature)
         except Exception as exc:
-            return f"sample {i} raised {type(exc).__name__}: {exc}"
+            return f"sample {i} raised {type(exc).__name__}: {shortened(str(exc))}"
     first = signatures[indices[0]]
     for i, sig in signatures.items():
         if sig != first:
@@ -190,6 +204,11 @@ def _leaf_signature(leaf):
     if isinstance(leaf, torch.Tensor):
         return ("tensor", tuple(leaf.shape), leaf.dtype)
     return type(leaf).__name__
+
+
+def describe_batch(batch) -> str:
+    """A batch's structure and shapes, e.g. '(a tensor of shape (32, 8) (float32), ...)'."""
+    return _describe(structure(batch, _leaf_signature))
 
 
 def _describe(sig) -> str:
@@ -221,3 +240,9 @@ class ByValue(Dataset):
 def _rebuild(blob: bytes) -> ByValue:
     import cloudpickle
     return ByValue(cloudpickle.loads(blob))
+
+
+def shortened(text: str, limit: int = 400) -> str:
+    """At most `limit` characters of an error's text: a message quoting a whole sample
+    (a collate error over a huge list) must stay readable."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
