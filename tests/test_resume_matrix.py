@@ -1,0 +1,186 @@
+"""Exact resume on every data path after every way a run can end, a property test over
+random settings, and checkpoints that survive SIGKILL mid-write."""
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch.nn import functional as F
+from torch.utils.data import Dataset
+
+import nbtrain as nt
+from nbtrain import checkpoint as ckpt
+from nbtrain.config import FIELD_NAMES, SETTINGS
+
+from conftest import mlp, quick
+
+STEPS, CUT = 24, 11   # a run of 24 steps (16 batches an epoch), ended at step 11
+
+
+class Samples(Dataset):
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+class EndsOnce(torch.nn.Module):
+    """Dropout model whose forward number `at` raises `error` (once)."""
+
+    def __init__(self, error=None, at=None):
+        super().__init__()
+        self.body, self.error, self.at, self.calls = mlp(dropout=0.3), error, at, 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == self.at and self.error is not None:
+            raise self.error("injected")
+        return self.body(x)
+
+
+def _data(blobs, path):
+    return blobs if path == "tensors" else Samples(*blobs)
+
+
+def _cfg(path, **more):
+    workers = {"tensors": 0, "dataset, 0 workers": 0, "dataset, 2 workers": 2}[path]
+    return quick(**{"max_steps": STEPS, "num_workers": workers, **more})
+
+
+def _model(**kwargs):
+    torch.manual_seed(7)
+    return EndsOnce(**kwargs)
+
+
+def _ended(path, ending, data, tmp_path):
+    """A run of `path` ended at step CUT by `ending`; returns what to resume from."""
+    if ending == "stop":
+        stop_at = lambda run: run.subscribe(  # noqa: E731
+            lambda r: run.stop() if r.get("step") == 10 else None)
+        run = nt.fit(_model(), data, F.cross_entropy, config=_cfg(path, log_every=5),
+                     progress=False, on_start=stop_at)
+        return run
+    if ending in ("interrupt", "failure"):
+        error = KeyboardInterrupt if ending == "interrupt" else RuntimeError
+        try:
+            run = nt.fit(_model(error=error, at=CUT + 1), data, F.cross_entropy,
+                         config=_cfg(path), progress=False)
+        except nt.TrainingError as err:
+            run = err.run
+        assert run.state == ("interrupted" if ending == "interrupt" else "failed")
+        assert run.step == CUT
+        return run
+    nt.fit(_model(), data, F.cross_entropy, progress=False,
+           config=_cfg(path, max_steps=CUT, checkpoint_dir=str(tmp_path)))
+    return ckpt.path_in(tmp_path)
+
+
+@pytest.mark.parametrize("ending", ["stop", "interrupt", "failure", "checkpoint"])
+@pytest.mark.parametrize("path", ["tensors", "dataset, 0 workers", "dataset, 2 workers"])
+def test_resume_is_exact(blobs, tmp_path, path, ending):
+    data = _data(blobs, path)
+    straight = nt.fit(_model(), data, F.cross_entropy, config=_cfg(path), progress=False)
+    source = _ended(path, ending, data, tmp_path)
+    torch.manual_seed(999)   # what the notebook did in between must not matter
+    resumed = nt.fit(_model(), data, F.cross_entropy, config=_cfg(path), resume=source,
+                     progress=False)
+    assert resumed.step == STEPS
+    for name, value in straight.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[name]), name
+    mine, theirs = straight.optimizer.state_dict()["state"], resumed.optimizer.state_dict()["state"]
+    for key in mine:
+        for field in mine[key]:
+            assert torch.equal(torch.as_tensor(mine[key][field]),
+                               torch.as_tensor(theirs[key][field]))
+
+
+# -- random settings: a clear ConfigError, or a run that trains ----------------------------------
+ANY_VALUE = st.one_of(
+    st.none(), st.booleans(), st.integers(-2, 3000), st.integers(2**63, 2**70),
+    st.floats(allow_nan=True, allow_infinity=True, width=32),
+    st.sampled_from(["auto", "cpu", "cuda", "cuda:3", "mps", "off", "fp16", "bf16", "sgd",
+                     "adamw", "AdamW", "radam", "cosine", "onecycle", "plateau", "fork", "skip",
+                     "fused", "foreach", "for-loop", "x", ""]),
+    st.tuples(st.floats(0, 1.2), st.floats(0, 1.2)),
+)
+# Not drawn: compile (torch.compile takes seconds a config), workers (processes), files.
+DRAWN = [n for n in FIELD_NAMES if n not in ("compile", "num_workers", "persistent_workers",
+                                             "prefetch_factor", "multiprocessing_context",
+                                             "checkpoint_dir", "checkpoint_every",
+                                             "max_steps", "epochs")]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(st.sampled_from(DRAWN), ANY_VALUE, min_size=1, max_size=4))
+def test_random_settings_raise_a_named_config_error_or_train(values):
+    small = (torch.randn(64, 8), torch.randint(0, 3, (64,)))
+    try:
+        cfg = nt.TrainConfig(**{"device": "cpu", "max_steps": 3, **values})
+    except nt.ConfigError as err:
+        assert err.field in SETTINGS, (values, str(err))
+        assert f"TrainConfig.{err.field}=" in str(err)
+        return
+    try:
+        run = nt.fit(mlp(), small, F.cross_entropy, config=cfg, progress=False)
+    except nt.ConfigError as err:   # what only the engine can check (no GPU, no fused kernel)
+        assert err.field in SETTINGS, (values, str(err))
+        return
+    assert run.state in ("finished", "stopped"), (values, run.state, run.message)
+
+
+# -- SIGKILL while checkpointing ------------------------------------------------------------------
+TRAIN = """
+import sys, torch
+torch.set_num_threads(1)
+sys.path.insert(0, {tests!r})
+import nbtrain as nt
+from torch.nn import functional as F
+from conftest import mlp, quick
+gen = torch.Generator().manual_seed(0)
+x, y = torch.randn(256, 8, generator=gen), torch.randint(0, 3, (256,), generator=gen)
+torch.manual_seed(0)
+nt.fit(mlp(), (x, y), F.cross_entropy, progress=False,
+       config=quick(max_steps={steps}, checkpoint_every=1, checkpoint_dir={folder!r}))
+"""
+
+
+def _straight(steps):
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(256, 8, generator=gen), torch.randint(0, 3, (256,), generator=gen)
+    torch.manual_seed(0)
+    run = nt.fit(mlp(), (x, y), F.cross_entropy, progress=False, config=quick(max_steps=steps))
+    return run, (x, y)
+
+
+def test_a_checkpoint_killed_mid_write_still_loads_and_resumes_exactly(tmp_path):
+    steps = 3000
+    reference, data = _straight(steps)
+    rng = random.Random(0)
+    tests = str(Path(__file__).parent)
+    for attempt in range(3):
+        folder = tmp_path / f"kill{attempt}"
+        proc = subprocess.Popen([sys.executable, "-c", TRAIN.format(
+            tests=tests, steps=steps, folder=str(folder))])
+        deadline = time.monotonic() + 60
+        while not (folder / "last.pt").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.05, 0.5))   # at a random moment, most likely mid-write
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        state = ckpt.load(folder / "last.pt")   # loads, and passes its CRC check
+        assert 0 < state["position"]["step"] < steps
+        resumed = nt.fit(mlp(), data, F.cross_entropy, progress=False,
+                         resume=folder / "last.pt", config=quick(max_steps=steps))
+        for name, value in reference.model.state_dict().items():
+            assert torch.equal(value, resumed.model.state_dict()[name]), (attempt, name)
