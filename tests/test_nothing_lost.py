@@ -241,3 +241,8 @@ def test_error_text_quoting_a_huge_sample_is_cut(blobs):
     with pytest.raises(nt.TrainingError) as err:
         _fit(Loud(*blobs), max_steps=2)
     assert len(str(err.value)) < 2_000 and "(100,000 characters)" in str(err.value)
+
+
+def test_a_warmup_as_long_as_the_run_is_warned_about(blobs):
+    with pytest.warns(UserWarning, match="warmup_steps=10 is not shorter than the run"):
+        _fit(blobs, max_steps=10, warmup_steps=10)

@@ -92,7 +92,8 @@ def _warm_up(make_model, train_data, loss_fn, name: str, cfg: TrainConfig) -> No
     """Two untimed steps first: the process's one-time costs (thread pools, kernel and
     allocator set-up: ~1 s on a busy 2-core machine) would otherwise all land in the
     first config's time and make it look slow."""
-    short = cfg.replace(max_steps=2, log_every=1, checkpoint_dir=None, checkpoint_every=None)
+    short = cfg.replace(max_steps=2, log_every=1, checkpoint_dir=None, checkpoint_every=None,
+                        warmup_steps=0)   # two steps only warm the kernels up
     _fit_named(name, fresh_model(make_model), train_data, loss_fn, short, None, False)
 
 

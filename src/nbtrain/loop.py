@@ -10,6 +10,7 @@ import math
 import signal
 import threading
 import time
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -176,6 +177,10 @@ def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Setup:
         _refuse_empty(val_batches, val_cfg, "val_data")
     _refuse_empty(batches, cfg, "train_data")   # else max_steps would loop over no batches
     run.total_steps = count_steps(cfg, batches)
+    if cfg.warmup_steps >= run.total_steps > 0:
+        warnings.warn(f"TrainConfig.warmup_steps={cfg.warmup_steps} is not shorter than the run "
+                      f"({run.total_steps} steps): the LR never reaches lr={cfg.lr:g}. Lower "
+                      "warmup_steps, or train longer.", stacklevel=3)
     forward = model
     if cfg.activation_checkpointing is not False:
         forward = checkpointed_forward(model, cfg.activation_checkpointing)
