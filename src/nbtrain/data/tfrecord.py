@@ -16,6 +16,8 @@ returns wrong data.
 """
 from __future__ import annotations
 
+import bisect
+import functools
 import glob
 import gzip
 import hashlib
@@ -42,6 +44,14 @@ class CorruptRecordError(ValueError):
     """A record whose checksum, length or contents do not match what TFRecord requires."""
 
 
+@functools.lru_cache(maxsize=None)
+def protos():
+    """tf.train.Example's message classes, from the tfrecord package (no TensorFlow):
+    imported once, on first use, since an import in the per-sample path costs microseconds."""
+    from tfrecord import example_pb2
+    return example_pb2
+
+
 # -- framing --------------------------------------------------------------------------------
 def masked_crc(data) -> int:
     """TFRecord's masked CRC32C: a CRC of data that holds CRCs is itself a weak check, so
@@ -59,7 +69,7 @@ def frame(data: bytes) -> bytes:
 
 # -- writing --------------------------------------------------------------------------------
 def _feature(item):
-    from tfrecord import example_pb2 as pb
+    pb = protos()
     if isinstance(item, (bytes, bytearray, memoryview)):
         return pb.Feature(bytes_list=pb.BytesList(value=[bytes(item)]))
     if isinstance(item, str):
@@ -79,7 +89,7 @@ def _feature(item):
 
 def encode_example(sample, names=None) -> bytes:
     """One sample (a dict, a tuple or a single item) as a serialized tf.train.Example."""
-    from tfrecord import example_pb2 as pb
+    pb = protos()
     if isinstance(sample, dict):
         items = {str(k): v for k, v in sample.items()}
     else:
@@ -283,18 +293,19 @@ def index_file(path: str, gz: bool, cache_dir: str) -> tuple:
 
 # -- reading --------------------------------------------------------------------------------
 # One file descriptor per file version and process, opened on first read: a descriptor
-# inherited through fork() would work with pread (no shared file position), but a process
-# opens its own so that none depends on what its parent had open; a file written again
-# is opened again, never read through a descriptor of the file it replaced.
+# inherited through fork() would work with pread (no shared file position), but a child
+# forgets its parent's and opens its own, so that none depends on what its parent had
+# open; a file written again is opened again, never read through the old file's descriptor.
 _FILES = {}
+os.register_at_fork(after_in_child=_FILES.clear)
 
 
 def _descriptor(shard: Shard) -> int:
     key = (shard.readable, shard.version)
-    entry = _FILES.get(key)
-    if entry is None or entry[0] != os.getpid():
-        entry = _FILES[key] = (os.getpid(), os.open(shard.readable, os.O_RDONLY))
-    return entry[1]
+    fd = _FILES.get(key)
+    if fd is None:
+        fd = _FILES[key] = os.open(shard.readable, os.O_RDONLY)
+    return fd
 
 
 def read_record(shard: Shard, offset: int, length: int, number: int) -> bytes:
@@ -336,9 +347,10 @@ def parse_feature(name: str, spec) -> Feature:
     return Feature(KINDS[parts[0]], shape, dtype)
 
 
-def convert(values, feature: Feature):
-    """A feature's values as its spec asks: a tensor (default), a numpy array, Python
-    scalars, or bytes/str for byte lists."""
+def convert(stored_list, feature: Feature):
+    """A feature's Int64List, FloatList or BytesList as its spec asks: a tensor (the
+    default), a numpy array, Python scalars, or bytes/str for byte lists."""
+    values = stored_list.value
     if feature.kind == "bytes_list":
         items = [v.decode() for v in values] if feature.dtype is str else list(values)
         if feature.shape is None or feature.shape == ():
@@ -347,8 +359,9 @@ def convert(values, feature: Feature):
                                  "e.g. ('bytes', (-1,)), to read a list")
             return items[0]
         return items
-    default = np.int64 if feature.kind == "int64_list" else np.float32
-    array = np.array(values, dtype=default)
+    if feature.shape == () and feature.dtype in (int, float) and len(values) == 1:
+        return feature.dtype(values[0])   # a label: no array on the way
+    array = np.array(values, dtype=np.int64 if feature.kind == "int64_list" else np.float32)
     if feature.shape is not None:
         try:
             array = array.reshape(feature.shape)
@@ -367,11 +380,9 @@ def decode_example(data, features: Optional[dict]):
     """The features of one serialized tf.train.Example: a tuple in the order of
     `features` (one feature: the value alone), or with features=None a dict of every
     feature as stored (1-D tensors, bytes)."""
-    from google.protobuf.message import DecodeError
-    from tfrecord import example_pb2 as pb
     try:
-        stored = pb.Example.FromString(bytes(data)).features.feature
-    except DecodeError as exc:
+        stored = protos().Example.FromString(bytes(data)).features.feature
+    except Exception as exc:   # google.protobuf's DecodeError
         raise ValueError(f"is not a tf.train.Example ({exc})") from None
     if features is None:
         return {name: _as_stored(f) for name, f in stored.items()}
@@ -389,7 +400,7 @@ def decode_example(data, features: Optional[dict]):
 def _as_stored(stored):
     kind = stored.WhichOneof("kind") or "int64_list"
     shape = (-1,) if kind == "bytes_list" else None   # a list of byte strings
-    return convert(getattr(stored, kind).value, Feature(kind, shape, None))
+    return convert(_values(stored, kind), Feature(kind, shape, None))
 
 
 def _values(stored, kind: str):
@@ -398,7 +409,7 @@ def _values(stored, kind: str):
         named = {"int64_list": "int", "float_list": "float", "bytes_list": "bytes"}
         raise ValueError(f"holds {named[found]} values, not {named[kind]}: say "
                          f"'{named[found]}' in features")
-    return getattr(stored, kind).value
+    return getattr(stored, kind)
 
 
 class TFRecordDataset(Dataset):
@@ -438,8 +449,9 @@ class TFRecordDataset(Dataset):
             shard, records = index_file(path, is_gzip(path, compression), self.cache_dir)
             self.shards.append(shard)
             self._records.append(records)
-        self.starts = np.cumsum([0] + [s.count for s in self.shards])
-        self._pid = os.getpid()
+        self.starts = [0]   # sample number of each shard's first record, and the total
+        for shard in self.shards:
+            self.starts.append(self.starts[-1] + shard.count)
 
     def __getstate__(self):
         # Workers get paths and counts only; each reloads the (possibly large) record
@@ -461,14 +473,14 @@ class TFRecordDataset(Dataset):
         return records
 
     def __len__(self) -> int:
-        return int(self.starts[-1])
+        return self.starts[-1]
 
     def locate(self, index: int) -> tuple:
         """(shard number, record number in that shard) of sample `index`."""
         if not 0 <= index < len(self):
             raise IndexError(f"index {index} out of range for {len(self)} samples")
-        k = int(np.searchsorted(self.starts, index, side="right")) - 1
-        return k, index - int(self.starts[k])
+        k = bisect.bisect_right(self.starts, index) - 1
+        return k, index - self.starts[k]
 
     def raw_record(self, index: int):
         """The bytes of sample `index` (a serialized Example), checksums verified."""
