@@ -21,7 +21,6 @@ import functools
 import glob
 import gzip
 import hashlib
-import io
 import os
 import shutil
 import struct
@@ -227,6 +226,7 @@ def load_index(index_path: str, source: str) -> Optional[np.ndarray]:
 def save_index(index_path: str, source: str, records: np.ndarray) -> str:
     """Write atomically (rename), so workers and other notebooks never read half a file;
     falls back to the cache folder when the place beside the data is not writable."""
+    os.makedirs(os.path.dirname(index_path), exist_ok=True)
     tmp = f"{index_path}.{os.getpid()}.tmp"
     with open(tmp, "wb") as f:
         np.savez(f, stamp=stamp(source), records=records)
@@ -268,6 +268,7 @@ def check_header(header: bytes, shown: str, offset: int, number: int, size: int)
 def _decompress(source: str, target: str) -> None:
     """A gzip stream cannot seek: random access into it would decompress from the start on
     every read. One decompressed copy in the cache folder turns each read into a pread."""
+    os.makedirs(os.path.dirname(target), exist_ok=True)
     tmp = f"{target}.{os.getpid()}.tmp"
     with gzip.open(source, "rb") as src, open(tmp, "wb") as dst:
         shutil.copyfileobj(src, dst, 1 << 20)
@@ -279,7 +280,6 @@ def index_file(path: str, gz: bool, cache_dir: str) -> tuple:
     readable, index_path = index_location(path, gz, cache_dir)
     records = load_index(index_path, path)
     if records is None or (gz and not os.path.exists(readable)):
-        os.makedirs(cache_dir, exist_ok=True)
         if gz:
             _decompress(path, readable)
         records = scan(readable, path)
