@@ -6,7 +6,8 @@
    iterating one epoch, and one fit epoch of a linear model, against
    DataLoader(TensorDataset, num_workers=0) and the textbook loop. Targets: >= 10x, >= 3x.
 2. Files on disk: the digits images as PNG files decoded with Pillow, against the same
-   PNG bytes packed into one LMDB file, and LMDB holding decoded tensors; 0, 1, 2 workers.
+   PNG bytes packed into one LMDB file or one TFRecord file, and LMDB / TFRecord holding
+   the decoded tensors; 0, 1, 2 workers, and the cost of one __getitem__ (read + decode).
 """
 from __future__ import annotations
 
@@ -125,20 +126,45 @@ def on_disk(repeats: int) -> list:
     files = PngFiles(folder / "png", labels)
     nt.data.pack_lmdb(PngBytes(files), folder / "png.lmdb", progress=False)
     nt.data.pack_lmdb(files, folder / "tensors.lmdb", progress=False)
+    nt.data.pack_tfrecord(PngBytes(files), folder / "png.tfrecord", progress=False)
+    nt.data.pack_tfrecord(files, folder / "tensors.tfrecord", progress=False)
     sources = {"PNG files + Pillow": files,
                "LMDB of PNG bytes + Pillow": nt.data.LMDBDataset(folder / "png.lmdb",
                                                                   transform=decode_sample),
-               "LMDB of decoded tensors": nt.data.LMDBDataset(folder / "tensors.lmdb")}
-    rows = []
+               "LMDB of decoded tensors": nt.data.LMDBDataset(folder / "tensors.lmdb"),
+               "TFRecord of PNG bytes + Pillow": nt.data.TFRecordDataset(
+                   folder / "png.tfrecord", features={"0": "bytes", "1": ("int", (), int)},
+                   transform=decode_sample),
+               "TFRecord of decoded tensors": nt.data.TFRecordDataset(
+                   folder / "tensors.tfrecord",
+                   features={"0": ("float", (1, 8, 8)), "1": ("int", (), int)})}
+    return interleaved(sources, repeats)
+
+
+def interleaved(sources: dict, repeats: int) -> list:
+    """Per source: samples/s with 0, 1, 2 workers and the µs one __getitem__ costs in this
+    process. Each repeat times every case once, in turn, so that the 2 shared cores' slow
+    spells fall on all of them alike; medians over the repeats."""
+    cases = {}
     for label, dataset in sources.items():
-        rates = []
+        cases[label, "read"] = lambda d=dataset: [d[i] for i in range(len(d))]
         for workers in (0, 1, 2):
             extra = dict(persistent_workers=True) if workers else {}
             cfg = TrainConfig(batch_size=64, num_workers=workers, **extra)
             source = make_batches(dataset, cfg, torch.device("cpu"), {})
-            seconds = median_time(lambda: [None for _ in source.epoch(0)], repeats)
-            rates.append(len(dataset) / seconds)
-        rows.append((label, *rates))
+            cases[label, workers] = lambda s=source: [None for _ in s.epoch(0)]
+    times = {key: [] for key in cases}
+    for run in range(repeats + 1):   # the first round warms up (starts the workers)
+        for key, fn in cases.items():
+            start = time.perf_counter()
+            fn()
+            if run:
+                times[key].append(time.perf_counter() - start)
+    rows = []
+    for label, dataset in sources.items():
+        rates = [len(dataset) / statistics.median(times[label, w]) for w in (0, 1, 2)]
+        read_us = statistics.median(times[label, "read"]) / len(dataset) * 1e6
+        rows.append((label, *rates, read_us))
     return rows
 
 
@@ -152,10 +178,12 @@ def main(argv=None):
     print("|---|---:|---:|---:|")
     for label, a, b, ratio in in_memory(args.repeats):
         print(f"| {label} | {a:.1f} | {b:.2f} | {ratio:.1f}x |", flush=True)
-    print("\n| digits 1,797 images, batch 64: samples/s | 0 workers | 1 worker | 2 workers |")
-    print("|---|---:|---:|---:|")
-    for label, *rates in on_disk(args.repeats):
-        print(f"| {label} | " + " | ".join(f"{r:,.0f}" for r in rates) + " |", flush=True)
+    print("\n| digits 1,797 images, batch 64: samples/s | 0 workers | 1 worker | 2 workers "
+          "| µs to read one sample |")
+    print("|---|---:|---:|---:|---:|")
+    for label, *rates, read_us in on_disk(args.repeats):
+        print(f"| {label} | " + " | ".join(f"{r:,.0f}" for r in rates) + f" | {read_us:.1f} |",
+              flush=True)
 
 
 if __name__ == "__main__":

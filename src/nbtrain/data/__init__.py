@@ -13,13 +13,16 @@ from .batches import (ByValue, EpochBatchSampler, GivenLoader, LoaderBatches, Te
 from .nested import map_tensors
 
 __all__ = ["make_batches", "make_mover", "first_batch", "describe_bad_sample", "TensorBatches",
-           "pack_lmdb", "LMDBDataset", "prefetch_to_device"]
+           "pack_lmdb", "LMDBDataset", "pack_tfrecord", "TFRecordDataset", "prefetch_to_device"]
 
 
-def __getattr__(name):   # lmdb is imported only by those who use it
+def __getattr__(name):   # lmdb and tfrecord are imported only by those who use them
     if name in ("pack_lmdb", "LMDBDataset"):
         from . import lmdb as _lmdb
         return getattr(_lmdb, name)
+    if name in ("pack_tfrecord", "TFRecordDataset"):
+        from . import tfrecord as _tfrecord
+        return getattr(_tfrecord, name)
     raise AttributeError(f"module 'nbtrain.data' has no attribute {name!r}")
 
 Resolved = Dict[str, Tuple[object, str]]
