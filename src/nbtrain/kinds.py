@@ -29,6 +29,7 @@ class Kind:
     """The values one setting accepts."""
     allowed = ""         # for errors and help: "a whole number >= 1"
     metavar = "VALUE"    # for the magic's help: --batch-size N
+    convert = str        # how `parse` reads text: int, float, str
 
     def accepts(self, value) -> bool:
         raise NotImplementedError
@@ -37,7 +38,10 @@ class Kind:
         """The value of the right type that `text` stands for; ValueError when there is none.
 
         Whether the value is allowed is `accepts`'s question, asked by TrainConfig."""
-        raise NotImplementedError
+        try:
+            return self.convert(text)
+        except ValueError:
+            raise ValueError(f"expected {self.allowed}, got {text!r}") from None
 
     def describe(self, value) -> str:
         """`allowed`, with a hint fitted to the rejected value where one helps."""
@@ -51,6 +55,7 @@ class Kind:
 class Whole(Kind):
     """A whole number, at least `low` when given (bools are not numbers here)."""
     metavar = "N"
+    convert = int
 
     def __init__(self, low: Optional[int] = None, high: Optional[int] = None):
         self.low, self.high = low, high
@@ -63,16 +68,11 @@ class Whole(Kind):
         return _is_int(value) and (self.low is None or value >= self.low) \
             and (self.high is None or value <= self.high)
 
-    def parse(self, text: str) -> int:
-        try:
-            return int(text)
-        except ValueError:
-            raise ValueError(f"expected {self.allowed}, got {text!r}") from None
-
 
 class Number(Kind):
     """A real number in a range; `open` ends exclude their bound."""
     metavar = "X"
+    convert = float
 
     def __init__(self, low=None, high=None, low_open=False, high_open=False, example=""):
         self.low, self.high, self.low_open, self.high_open = low, high, low_open, high_open
@@ -89,12 +89,6 @@ class Number(Kind):
         above = value > self.low if self.low_open else value >= self.low
         below = self.high is None or (value < self.high if self.high_open else value <= self.high)
         return above and below
-
-    def parse(self, text: str) -> float:
-        try:
-            return float(text)
-        except ValueError:
-            raise ValueError(f"expected {self.allowed}, got {text!r}") from None
 
 
 class Flag(Kind):
@@ -202,9 +196,6 @@ class Device(Kind):
             value in ("auto", "cpu", "cuda", "mps")
             or (value.startswith("cuda:") and value[5:].isdigit()))
 
-    def parse(self, text: str) -> str:
-        return text
-
 
 class Pair(Kind):
     """Two numbers, each as `part` accepts; written "0.9,0.999" in text."""
@@ -239,9 +230,6 @@ class Path(Kind):
 
     def accepts(self, value) -> bool:
         return isinstance(value, (str, os.PathLike))
-
-    def parse(self, text: str) -> str:
-        return text
 
 
 def text_of(value: Any) -> str:
