@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -20,6 +21,7 @@ from . import checkpoint as ckpt
 from .config import ConfigError, TrainConfig, as_config
 from .data import (describe_bad_sample, first_batch, make_batches, make_mover,
                    prefetch_to_device, resolve_prefetch)
+from .data.batches import signature_of
 from .data.culprit import worker_died
 from .data.nested import batch_len
 from .devices import (autocast_context, cpu_bf16_choice, resolve_amp, resolve_device,
@@ -56,6 +58,9 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
     >>> run = nt.fit(model, (x, y), torch.nn.functional.cross_entropy,
     ...              config=nt.TrainConfig(epochs=3, amp="bf16", scheduler="cosine"))
 
+    `loss_fn=None`: the model returns the loss (or an output with `loss`). A mapping batch
+    is passed as keywords, `model(**batch)` (Hugging Face models), unless the forward
+    takes one positional argument named after none of its keys: then `model(batch)`.
     `resume`: a Run or a checkpoint path; training continues where it stopped.
     `background=True` returns at once and trains in a thread (`run.stop()`, `run.wait()`).
     `progress`: True/"auto" for a progress bar, False for none, or a callable given the Run
@@ -182,9 +187,19 @@ def _data_path(run: Run, batches, device):
 def _architecture(model, batches) -> tuple:
     """What the bf16 measurement depends on: layers, parameter shapes, batch shapes."""
     shapes = tuple((tuple(p.shape), p.dtype) for p in model.parameters())
-    inputs = (tuple((tuple(t.shape[1:]), t.dtype) for t in batches.tensors), batches.batch_size) \
-        if hasattr(batches, "tensors") else len(batches)
-    return (repr(model), shapes, inputs)
+    return (repr(model), shapes, _input_shapes(batches))
+
+
+def _input_shapes(batches):
+    """The shapes of one sample (of each tensor in it, a mapping's by key) and the batch
+    size; the number of batches when no sample can be read without loading a batch."""
+    if hasattr(batches, "tensors"):
+        return tuple((tuple(t.shape[1:]), t.dtype) for t in batches.tensors), batches.batch_size
+    loader = getattr(batches, "loader", None)
+    try:   # one sample, read in this process: cheaper than a batch, and starts no worker
+        return signature_of(batches.dataset[0]), getattr(loader, "batch_size", None)
+    except Exception:
+        return len(batches)
 
 
 def _probe_step(model, setup: Setup, amp: str) -> None:
@@ -437,9 +452,9 @@ def evaluate(run: Run, setup: Setup) -> dict:
         n = batch_len(batch)
         loss_sum += loss.float() * n
         count += n
-        target = batch[-1] if setup.loss_fn else None
-        if classified and _is_classification(out, target):
-            correct += (out.argmax(-1) == target).sum()
+        scores, target = _scores_and_target(out, batch, setup.loss_fn)
+        if classified and _is_classification(scores, target):
+            correct += (scores.argmax(-1) == target).sum()
         else:
             classified = False
     run.model.train()
@@ -448,6 +463,17 @@ def evaluate(run: Run, setup: Setup) -> dict:
     if classified and count:
         record["val_acc"] = correct.item() / count
     return record
+
+
+def _scores_and_target(out, batch, loss_fn):
+    """What accuracy compares: the output and the batch's last element with a loss_fn;
+    without one, a Hugging Face-style output's `logits` and a mapping batch's `labels`."""
+    if loss_fn is not None:
+        return out, batch[-1]
+    if isinstance(batch, Mapping):
+        logits = out.get("logits") if isinstance(out, Mapping) else getattr(out, "logits", None)
+        return logits, batch.get("labels")
+    return None, None
 
 
 def _is_classification(out, target) -> bool:
