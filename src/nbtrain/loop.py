@@ -73,7 +73,7 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
     """
     state = ckpt.load(resume) if isinstance(resume, (str, bytes)) or hasattr(resume, "__fspath__") \
         else (resume.checkpoint() if isinstance(resume, Run) else None)
-    cfg = _config_from(config, state)
+    cfg = _config_from(config, state, resume)
     if cfg.release_previous:
         release_previous_run()
     run = Run(cfg)
@@ -118,8 +118,10 @@ def release_previous_run() -> Optional[dict]:
     return release(previous)
 
 
-def _config_from(config, state) -> TrainConfig:
+def _config_from(config, state, resume=None) -> TrainConfig:
     """The given config; without one, a resumed run's own, else the defaults."""
+    if config is None and isinstance(resume, Run):   # its own optimizer and scheduler too
+        return resume.config.replace()
     if config is None and state:
         return TrainConfig.from_dict(state["config"])
     return as_config(config)
