@@ -197,9 +197,10 @@ def _input_shapes(batches):
     size; the number of batches when no sample can be read without loading a batch."""
     if hasattr(batches, "tensors"):
         return tuple((tuple(t.shape[1:]), t.dtype) for t in batches.tensors), batches.batch_size
-    loader = getattr(batches, "loader", None)
+    # nbtrain's loader batches by its sampler; a DataLoader of yours by its batch_size
+    holder = getattr(batches, "sampler", None) or getattr(batches, "loader", None)
     try:   # one sample, read in this process: cheaper than a batch, and starts no worker
-        return signature_of(batches.dataset[0]), getattr(loader, "batch_size", None)
+        return signature_of(batches.dataset[0]), getattr(holder, "batch_size", None)
     except Exception:
         return len(batches)
 
