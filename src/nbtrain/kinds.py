@@ -161,6 +161,11 @@ class AnyOf(Kind):
     def accepts(self, value) -> bool:
         return any(kind.accepts(value) for kind in self.kinds)
 
+    def describe(self, value) -> str:
+        """`allowed`, with the first hint one of the kinds has for `value` (did you mean)."""
+        hints = [kind.describe(value)[len(kind.allowed):] for kind in self.kinds]
+        return self.allowed + next((hint for hint in hints if hint), "")
+
     def parse(self, text: str):
         for kind in self.kinds:
             try:
@@ -232,8 +237,43 @@ class Path(Kind):
         return isinstance(value, (str, os.PathLike))
 
 
+class Factory(Kind):
+    """The user's own code for a part nbtrain builds: a class or a function that makes it.
+
+    Not readable from text (`parse` fails, so an AnyOf tries its other kinds); the magic
+    looks such a value up by variable name instead. A checkpoint stores only its name
+    (`custom_name`), so resuming needs the same factory passed again.
+    """
+    metavar = "NAME"
+
+    def __init__(self, allowed: str):
+        self.allowed = allowed
+
+    def accepts(self, value) -> bool:
+        return callable(value) and not isinstance(value, str)
+
+    def parse(self, text: str):
+        raise ValueError(f"expected {self.allowed}, got the text {text!r}")
+
+
+CUSTOM = "custom:"   # how a checkpoint names a factory: "custom:Adadelta"
+
+
+def custom_name(value) -> str:
+    """The name a checkpoint stores for a class or function: "custom:Adadelta"."""
+    inner = getattr(value, "func", value)   # functools.partial
+    return CUSTOM + getattr(inner, "__qualname__", type(inner).__name__)
+
+
+def takes_factories(kind: Kind) -> bool:
+    """Whether `kind` accepts a class or function (then text may name a variable)."""
+    return isinstance(kind, Factory) or any(map(takes_factories, getattr(kind, "kinds", ())))
+
+
 def text_of(value: Any) -> str:
     """A value written the way `parse` reads it back (betas as 0.9,0.999)."""
     if isinstance(value, tuple):
         return ",".join(str(v) for v in value)
+    if callable(value) and not isinstance(value, str):
+        return custom_name(value)
     return str(value)

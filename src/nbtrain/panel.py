@@ -67,6 +67,12 @@ class _Builder:
         kind = meta.kind
         if meta.options or isinstance(kind, Choice):
             return self.choice(meta, meta.options or kind.options)
+        from .kinds import takes_factories
+        if takes_factories(kind):   # the names, plus your own class or factory when set
+            names = next(k.options for k in kind.kinds if isinstance(k, Choice))
+            current = getattr(self.config, meta.name)
+            own = ((text_of(current), current),) if callable(current) else ()
+            return self.choice(meta, names + own)
         if isinstance(kind, Flag):
             return self.flag(meta)
         if isinstance(kind, (Whole, Number)):
