@@ -47,7 +47,9 @@ PREVIEW_EXACT_LIMIT = 200_000   # schedule_preview lists every step; past this w
 PALETTE = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692",
            "#b6e880", "#ff97ff", "#fecb52")
 
-LOSS_TICKS = [m * 10.0 ** e for e in range(-4, 3) for m in (1, 2, 5)]
+# Tick steps of a log axis, coarsest first: decades, then 1-2-5, then every digit.
+LOG_MANTISSAS = ((1,), (1, 2, 5), (1, 2, 3, 4, 5, 6, 7, 8, 9))
+MIN_LOG_SPAN = 0.7   # decades: 1-2-5 ticks are at most 0.4 apart, so two always fit
 
 # Columns kept from each train record; "compute_s" may be derived (see `_train_row`).
 TRAIN_FIELDS = ("step", "samples_per_s", "data_wait_s", "copy_s", "compute_s", "rss_mb",
@@ -161,6 +163,33 @@ def planned_lr(config, total_steps: int, max_points: int = MAX_POINTS,
         from .schedule import Schedule
         lrs = [Schedule(config, total_steps).lr(int(i)) for i in picks]
     return picks.astype(np.float64) + 1.0, np.asarray(lrs, dtype=np.float64)
+
+
+def log_axis(values) -> Optional[dict]:
+    """A log axis fitted to `values` (their positive, finite part), with clean ticks.
+
+    Plotly's own log ticks on a short axis label every digit ("5 2 1 0.5 ...") and a
+    fixed tick list stretches the axis past the data; this gives the range in log10
+    units, a little padded, and the coarsest ticks that put two or more labels on it:
+    decades (0.01, 0.1, 1) where the data spans them, else 1-2-5 steps.
+
+    >>> log_axis([0.02, 2.3])["ticktext"]
+    ['0.1', '1']
+    """
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v) & (v > 0)]
+    if not v.size:
+        return None
+    lo, hi = math.log10(v.min()), math.log10(v.max())
+    pad = max(0.05 * (hi - lo), (MIN_LOG_SPAN - (hi - lo)) / 2, 0.0)
+    lo, hi = lo - pad, hi + pad
+    for mantissas in LOG_MANTISSAS:
+        ticks = [m * 10.0 ** e for e in range(math.floor(lo), math.ceil(hi) + 1)
+                 for m in mantissas if lo <= math.log10(m) + e <= hi]
+        if len(ticks) >= 2:
+            break
+    return dict(type="log", range=[lo, hi], autorange=False, tickmode="array",
+                tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])
 
 
 # -- one run on the charts --------------------------------------------------------------------
@@ -345,12 +374,11 @@ class PlotlyRenderer:
                            template="plotly_white", hovermode="x unified",
                            legend=dict(orientation="h", y=-0.06), uirevision="nbtrain")
         grid.update_annotations(font_size=11)
-        # Losses span decades: log axis, ticks at 1-2-5 steps with full labels (not "5", "2").
-        grid.update_yaxes(type="log", tickmode="array", tickvals=LOSS_TICKS,
-                          ticktext=[f"{v:g}" for v in LOSS_TICKS], row=3, col=1)
+        grid.update_yaxes(type="log", row=3, col=1)   # losses span decades: see log_axis
         grid.update_xaxes(title_text="step", row=3, col=1)
         self.figure = go.FigureWidget(grid)
         self.traces: Dict[Tuple[str, str, str], object] = {}   # (label, buffer, column) -> trace
+        self.loss_axis: Optional[dict] = None
 
     def draw(self, slots: List[Slot], preview=UNCHANGED) -> None:
         """Redraw the series of `slots`; `preview`: the next Train's (x, y) LR, or None to hide."""
@@ -366,6 +394,17 @@ class PlotlyRenderer:
                 x, y = preview if preview is not None else (np.empty(0), np.empty(0))
                 preview_trace.x, preview_trace.y = x, y
                 preview_trace.visible = preview is not None
+            self._fit_loss_axis()
+
+    def _fit_loss_axis(self) -> None:
+        """Fit the log loss axis to every run's losses (a relayout only when it changes)."""
+        losses = [t.y for key, t in self.traces.items()
+                  if key != "next" and key[2] in ("loss", "val_loss")]
+        axis = log_axis(np.concatenate(losses)) if losses else None
+        if axis is not None and axis != self.loss_axis:
+            self.loss_axis = axis
+            row, col, _ = CHARTS["loss"]
+            self.figure.update_yaxes(axis, row=row, col=col)
 
     def _trace(self, slot: Slot, key: Tuple[str, str]):
         if (slot.label,) + key not in self.traces:
