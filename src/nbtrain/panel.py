@@ -404,7 +404,7 @@ class Panel:
         parts = [run.state, f"step {run.step:,}/{total}"]
         last = next((r for r in reversed(run.history) if r.get("kind") == "train"), None)
         if last is not None:
-            parts.append(f"{last['samples_per_s']:,.0f} samples/s")
+            parts.append(f"{self._rate(run, last):,.0f} samples/s")
             if run.state == "running" and run.total_steps and last.get("steps_per_s"):
                 parts.append(f"ETA {_duration((run.total_steps - run.step) / last['steps_per_s'])}")
         if run.state == "failed" and run.error is not None:
@@ -412,6 +412,13 @@ class Panel:
         elif run.message:
             parts.append(run.message)
         return " · ".join(parts)
+
+    def _rate(self, run, last: dict) -> float:
+        """Live: the last interval's rate (what the toggles do now). Ended: the whole run's,
+        as its row in the runs table says (the last interval may be a short tail)."""
+        slot = self.dashboard.slot_of(run)
+        return last["samples_per_s"] if run.state == "running" or slot is None \
+            else slot.samples_per_s
 
 
 # -- helpers ----------------------------------------------------------------------------------
