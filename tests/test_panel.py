@@ -423,6 +423,24 @@ def test_loss_chart_fits_the_losses_of_every_run(digits):
     assert list(axis.ticktext) == [f"{v:g}" for v in axis.tickvals]
 
 
+def test_a_reloaded_page_gets_every_point_from_the_kernel(digits):
+    """A reloaded page asks the kernel for the figure's state (ipywidgets' request_state):
+    it must hold every trace and point drawn since the figure was shown, and keeping it
+    current must not send the data a second time to the page shown now."""
+    run = background_fit(digits, max_steps=60)
+    dash = Dashboard(run)
+    sent = []
+    dash.figure.observe(sent.append, names=["_widget_data", "_widget_layout"])
+    run.wait(30)
+    assert dash.reporter.join(5)
+    state = dash.figure._widget_data   # what get_state() serializes for the page
+    assert len(state) == len(dash.figure.data) > 5
+    for trace, kept in zip(dash.figure.data, state):
+        assert np.array_equal(trace.x, kept["x"]) and np.array_equal(trace.y, kept["y"])
+    assert dash.figure._widget_layout["yaxis5"]["tickvals"] == list(dash.figure.layout.yaxis5.tickvals)
+    assert not sent
+
+
 def test_decimated_keeps_even_spacing_and_the_newest_row():
     buf = Decimated(("step", "v"), max_points=8)
     for step in range(1, 1001):

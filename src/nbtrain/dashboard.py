@@ -15,6 +15,7 @@ per run, however long it trains) under the one lock that also guards the figure.
 """
 from __future__ import annotations
 
+import copy
 import html
 import importlib.util
 import math
@@ -394,7 +395,8 @@ class PlotlyRenderer:
                 x, y = preview if preview is not None else (np.empty(0), np.empty(0))
                 preview_trace.x, preview_trace.y = x, y
                 preview_trace.visible = preview is not None
-            self._fit_loss_axis()
+        self._fit_loss_axis()   # after the batch: inside it the traces read their old data
+        self._keep_state_for_reload()
 
     def _fit_loss_axis(self) -> None:
         """Fit the log loss axis to every run's losses (a relayout only when it changes)."""
@@ -405,6 +407,22 @@ class PlotlyRenderer:
             self.loss_axis = axis
             row, col, _ = CHARTS["loss"]
             self.figure.update_yaxes(axis, row=row, col=col)
+
+    def _keep_state_for_reload(self) -> None:
+        """Keep the state the kernel would send a reloaded page current, without sending it.
+
+        plotly's FigureWidget syncs its `_widget_data`/`_widget_layout` only when shown;
+        later edits travel as one-shot restyle messages that the page applies to its own
+        copy. A page reloaded while the kernel lives asks the kernel for the state and got
+        the figure as first shown: empty charts, and every later restyle of a trace added
+        since failed ("trace index (11) is not a number or is out of bounds"). Writing
+        traitlets' value store changes what `get_state()` answers and sends nothing: the
+        page shown now has these edits already. One assignment each, so a state request
+        from the kernel's thread reads the old or the new copy, never half of one.
+        """
+        values = self.figure._trait_values
+        values["_widget_data"] = copy.deepcopy(self.figure._data)
+        values["_widget_layout"] = copy.deepcopy(self.figure._layout_obj._props)
 
     def _trace(self, slot: Slot, key: Tuple[str, str]):
         if (slot.label,) + key not in self.traces:
