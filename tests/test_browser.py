@@ -9,6 +9,9 @@
   page), presses Stop, and checks that the status reads "stopped" and the charts stop
   growing. Screenshots go to tests/browser/screenshots/; with NBTRAIN_README_SHOT=1 the
   last one also replaces docs/panel.png (the README's picture).
+- The same panel, training, survives a page reload: the notebook is saved, the page
+  reloaded, and the charts must come back from the kernel with their points (no
+  "trace index ... out of bounds" in the console) and go on growing.
 - tests/browser/fasttrain_panel.ipynb runs `%%fasttrain --panel` in the same way: the
   dashboard's throughput, memory and LR charts must fill while the blocking cell still
   runs, and the cell's output must end with the summary table of a finished run.
@@ -414,6 +417,55 @@ def test_panel_trains_and_stops_in_jupyterlab(lab, page):
     if os.environ.get("NBTRAIN_README_SHOT"):   # refresh docs/panel.png only when asked
         README_SHOT.parent.mkdir(exist_ok=True)
         shutil.copy(SHOTS / "panel_stopped.png", README_SHOT)
+
+
+def _trains_until_stopped(notebook: Path, into: Path) -> None:
+    """A copy of `notebook` whose run goes on until Stop (max_steps far away)."""
+    nb = json.loads(notebook.read_text())
+    for cell in nb["cells"]:
+        cell["source"] = re.sub(r"max_steps=[\d_]+", "max_steps=1_000_000", "".join(cell["source"]))
+    into.write_text(json.dumps(nb))
+
+
+def _grown(before: dict):
+    """A predicate: every chart holds 5 points and reaches past the steps in `before`."""
+    def grown(page) -> bool:
+        ends = page.evaluate(LAST_STEPS, {"root": ".nbtrain-panel", "label": "run 1"})
+        return _enough(_points(page)) and all(ends.get(n, 0) > before[n] for n in CHARTS)
+    return grown
+
+
+@needs_browser
+def test_panel_charts_come_back_after_a_page_reload_and_keep_growing(lab, page):
+    name = "panel_reload.ipynb"
+    _trains_until_stopped(NOTEBOOK, lab.root / name)
+    errors = []
+    page.on("console", lambda m: errors.append(m.text) if "out of bounds" in m.text else None)
+    _open(page, lab, name)
+    assert page.evaluate(RUN_ALL) == "ok", "the kernel did not start within 90 s"
+    train = page.locator(".nbtrain-panel button", has_text="Train")
+    train.wait_for(state="visible", timeout=90_000)
+    page.wait_for_function("() => !document.querySelector('.nbtrain-panel button').disabled")
+    train.click()
+    _poll(page, _enough, 90, "5 points on the throughput, memory and LR charts")
+
+    # Reload the page while the kernel trains: the saved notebook holds the widget's view,
+    # and the widget's state comes from the kernel.
+    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+    page.wait_for_timeout(1000)
+    before = page.evaluate(LAST_STEPS, {"root": ".nbtrain-panel", "label": "run 1"})
+    page.reload()
+    page.locator(".nbtrain-panel .js-plotly-plot").first.wait_for(state="visible", timeout=90_000)
+    _poll(page, _enough, 60, "the charts back with their points")
+    deadline = time.monotonic() + 60
+    while not _grown(before)(page):
+        assert time.monotonic() < deadline, ("the charts did not grow after the reload: "
+                                             f"{before} -> {_points(page)}")
+        page.wait_for_timeout(250)
+    page.locator(".nbtrain-panel").screenshot(path=str(SHOTS / "panel_reloaded.png"))
+    assert not errors, errors[:3]
+    page.locator(".nbtrain-panel button", has_text="Stop").click()
+    _status_starts(page, "stopped")
 
 
 @needs_browser
