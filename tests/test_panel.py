@@ -249,6 +249,23 @@ def test_status_of_an_ended_run_shows_the_runs_rate_as_the_table_does(make_panel
         in panel.dashboard.table.value
 
 
+def test_report_button_writes_the_last_runs_report_and_links_it(make_panel, tmp_path,
+                                                                monkeypatch):
+    monkeypatch.chdir(tmp_path)   # the report lands beside the notebook: the kernel's folder
+    panel = make_panel(cfg(max_steps=20))
+    assert panel.report_button.disabled
+    panel.train_button.click()
+    finish(panel)
+    assert not panel.report_button.disabled
+    panel.report_button.click()
+    text = (tmp_path / "nbtrain-run-1.html").read_text()
+    assert "plotly.js v" in text and "settings used" in text
+    assert "href='nbtrain-run-1.html'" in panel.message.value
+    panel.train_button.click()   # a new run: the old report's link goes
+    assert "nbtrain-run-1.html" not in panel.message.value
+    finish(panel)
+
+
 def test_each_train_adds_a_line_and_a_table_row_from_the_same_start(make_panel):
     panel = make_panel(cfg(max_steps=20))   # inside the first epoch: a record every 5 steps
     panel.train_button.click()
