@@ -12,6 +12,9 @@
 - The same panel, training, survives a page reload: the notebook is saved, the page
   reloaded, and the charts must come back from the kernel with their points (no
   "trace index ... out of bounds" in the console) and go on growing.
+- `nt.Dashboard(run, live="static")` in a blocking fit: the saved notebook, reopened, shows
+  the plain Plotly figure (JupyterLab's own Plotly renderer, no widget) ending at the run's
+  last step.
 - tests/browser/fasttrain_panel.ipynb runs `%%fasttrain --panel` in the same way: the
   dashboard's throughput, memory and LR charts must fill while the blocking cell still
   runs, and the cell's output must end with the summary table of a finished run.
@@ -466,6 +469,40 @@ def test_panel_charts_come_back_after_a_page_reload_and_keep_growing(lab, page):
     assert not errors, errors[:3]
     page.locator(".nbtrain-panel button", has_text="Stop").click()
     _status_starts(page, "stopped")
+
+
+STATIC_CELLS = [
+    "import torch\nimport nbtrain as nt\nfrom nbtrain.demo import digits_cnn\n"
+    "torch.set_num_threads(1)\nx, y = nt.datasets.digits('train')",
+    "config = nt.TrainConfig(device='cpu', amp='off', max_steps=60, log_every=2, batch_size=64)\n"
+    "run = nt.fit(digits_cnn(), (x, y), torch.nn.functional.cross_entropy, config=config,\n"
+    "             progress=lambda r: nt.Dashboard(r, live='static'))",
+]
+
+
+@needs_browser
+def test_static_dashboard_renders_its_final_charts_in_jupyterlab(lab, page):
+    nb = {"cells": [{"cell_type": "code", "metadata": {}, "source": c, "outputs": [],
+                     "execution_count": None} for c in STATIC_CELLS],
+          "metadata": json.loads(NOTEBOOK.read_text())["metadata"], "nbformat": 4,
+          "nbformat_minor": 5}
+    (lab.root / "static.ipynb").write_text(json.dumps(nb))
+    _open(page, lab, "static.ipynb")
+    assert page.evaluate(START_RUN_ALL) == "started", "the kernel did not start within 90 s"
+    _check_ran_cleanly(page, _wait_run_all(page, 120))
+    root = ".jp-Notebook"
+    assert "finished" in page.locator(root + " table.nbtrain-runs").inner_text()
+    # JupyterLab's Plotly renderer draws a figure once and ignores later updates of its
+    # output (jupyterlab-plotly 7.1 renderModel: `if (this.hasGraphElement()) return`), so
+    # the final picture shows where it matters, in the saved notebook reopened.
+    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+    page.wait_for_timeout(1000)
+    page.reload()
+    page.locator(root + " .js-plotly-plot").first.wait_for(state="visible", timeout=90_000)
+    assert _enough(_points(page, root=root)), _points(page, root=root)
+    ends = page.evaluate(LAST_STEPS, {"root": root, "label": "run 1"})
+    assert all(ends.get(name) == 60 for name in CHARTS), ends
+    page.screenshot(path=str(SHOTS / "dashboard_static.png"))
 
 
 @needs_browser
