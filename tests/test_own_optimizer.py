@@ -188,3 +188,12 @@ def test_the_panels_optimizer_and_schedule_dropdowns_hold_your_own(blobs):
         assert panel.config.optimizer == "sgd"
     finally:
         panel.dashboard.close()
+
+
+def test_the_dashboard_and_panel_name_your_own_optimizer_and_schedule():
+    from nbtrain.dashboard import _settings_text
+    from nbtrain.panel import _config_text
+    cfg = nt.TrainConfig(optimizer=torch.optim.Adadelta, lr=1.0,
+                         scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10))
+    run = nt.Run(cfg)
+    assert "custom:Adadelta" in _settings_text(run) and "custom:" in _config_text(cfg)

@@ -32,6 +32,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from .kinds import text_of
 from .tables import formatted
 
 # Fail at import, cheaply (no plotly import yet), when a package is missing: callers such
@@ -725,10 +726,10 @@ def _settings_text(run) -> str:
     def pick(name):
         return got.get(name, getattr(cfg, name))
 
-    sched = cfg.scheduler + (f"+warmup {cfg.warmup_steps}" if cfg.warmup_steps else "")
+    sched = text_of(cfg.scheduler) + (f"+warmup {cfg.warmup_steps}" if cfg.warmup_steps else "")
     return (f"amp={pick('amp')} workers={pick('num_workers')} pin={pick('pin_memory')} "
-            f"on_device={pick('data_on_device')} batch={cfg.batch_size} {cfg.optimizer} "
-            f"lr={cfg.lr:g} {sched}")
+            f"on_device={pick('data_on_device')} batch={cfg.batch_size} "
+            f"{text_of(cfg.optimizer)} lr={cfg.lr:g} {sched}")
 
 
 def _table_row(slot: Slot) -> List[str]:

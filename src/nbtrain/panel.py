@@ -466,8 +466,9 @@ def _same_but_lr(last: Optional[TrainConfig], config: TrainConfig, running: bool
 def _config_text(config: TrainConfig) -> str:
     return (f"amp={config.amp} pin_memory={config.pin_memory} num_workers={config.num_workers} "
             f"data_on_device={config.data_on_device} batch_size={config.batch_size} "
-            f"epochs={config.epochs} max_steps={config.max_steps} optimizer={config.optimizer} "
-            f"lr={config.lr:g} scheduler={config.scheduler}")
+            f"epochs={config.epochs} max_steps={config.max_steps} "
+            f"optimizer={text_of(config.optimizer)} lr={config.lr:g} "
+            f"scheduler={text_of(config.scheduler)}")
 
 
 def _resolved_html(run) -> str:
