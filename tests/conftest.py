@@ -28,6 +28,21 @@ def blobs():
     return x, y
 
 
+class Samples(torch.utils.data.Dataset):
+    """A map-style dataset over tensors (the DataLoader path); sample `bad` raises."""
+
+    def __init__(self, x, y, bad=None):
+        self.x, self.y, self.bad = x, y, bad
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            raise ValueError("corrupt record")
+        return self.x[i], self.y[i]
+
+
 def mlp(dropout: float = 0.0) -> nn.Module:
     return nn.Sequential(nn.Linear(8, 32), nn.LayerNorm(32), nn.ReLU(), nn.Dropout(dropout),
                          nn.Linear(32, 3))

@@ -9,6 +9,12 @@
   page), presses Stop, and checks that the status reads "stopped" and the charts stop
   growing. Screenshots go to tests/browser/screenshots/; with NBTRAIN_README_SHOT=1 the
   last one also replaces docs/panel.png (the README's picture).
+- The same panel, training, survives a page reload: the notebook is saved, the page
+  reloaded, and the charts must come back from the kernel with their points (no
+  "trace index ... out of bounds" in the console) and go on growing.
+- `nt.Dashboard(run, live="static")` in a blocking fit: the saved notebook, reopened, shows
+  the plain Plotly figure (JupyterLab's own Plotly renderer, no widget) ending at the run's
+  last step.
 - tests/browser/fasttrain_panel.ipynb runs `%%fasttrain --panel` in the same way: the
   dashboard's throughput, memory and LR charts must fill while the blocking cell still
   runs, and the cell's output must end with the summary table of a finished run.
@@ -414,6 +420,89 @@ def test_panel_trains_and_stops_in_jupyterlab(lab, page):
     if os.environ.get("NBTRAIN_README_SHOT"):   # refresh docs/panel.png only when asked
         README_SHOT.parent.mkdir(exist_ok=True)
         shutil.copy(SHOTS / "panel_stopped.png", README_SHOT)
+
+
+def _trains_until_stopped(notebook: Path, into: Path) -> None:
+    """A copy of `notebook` whose run goes on until Stop (max_steps far away)."""
+    nb = json.loads(notebook.read_text())
+    for cell in nb["cells"]:
+        cell["source"] = re.sub(r"max_steps=[\d_]+", "max_steps=1_000_000", "".join(cell["source"]))
+    into.write_text(json.dumps(nb))
+
+
+def _grown(before: dict):
+    """A predicate: every chart holds 5 points and reaches past the steps in `before`."""
+    def grown(page) -> bool:
+        ends = page.evaluate(LAST_STEPS, {"root": ".nbtrain-panel", "label": "run 1"})
+        return _enough(_points(page)) and all(ends.get(n, 0) > before[n] for n in CHARTS)
+    return grown
+
+
+@needs_browser
+def test_panel_charts_come_back_after_a_page_reload_and_keep_growing(lab, page):
+    name = "panel_reload.ipynb"
+    _trains_until_stopped(NOTEBOOK, lab.root / name)
+    errors = []
+    page.on("console", lambda m: errors.append(m.text) if "out of bounds" in m.text else None)
+    _open(page, lab, name)
+    assert page.evaluate(RUN_ALL) == "ok", "the kernel did not start within 90 s"
+    train = page.locator(".nbtrain-panel button", has_text="Train")
+    train.wait_for(state="visible", timeout=90_000)
+    page.wait_for_function("() => !document.querySelector('.nbtrain-panel button').disabled")
+    train.click()
+    _poll(page, _enough, 90, "5 points on the throughput, memory and LR charts")
+
+    # Reload the page while the kernel trains: the saved notebook holds the widget's view,
+    # and the widget's state comes from the kernel.
+    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+    page.wait_for_timeout(1000)
+    before = page.evaluate(LAST_STEPS, {"root": ".nbtrain-panel", "label": "run 1"})
+    page.reload()
+    page.locator(".nbtrain-panel .js-plotly-plot").first.wait_for(state="visible", timeout=90_000)
+    _poll(page, _enough, 60, "the charts back with their points")
+    deadline = time.monotonic() + 60
+    while not _grown(before)(page):
+        assert time.monotonic() < deadline, ("the charts did not grow after the reload: "
+                                             f"{before} -> {_points(page)}")
+        page.wait_for_timeout(250)
+    page.locator(".nbtrain-panel").screenshot(path=str(SHOTS / "panel_reloaded.png"))
+    assert not errors, errors[:3]
+    page.locator(".nbtrain-panel button", has_text="Stop").click()
+    _status_starts(page, "stopped")
+
+
+STATIC_CELLS = [
+    "import torch\nimport nbtrain as nt\nfrom nbtrain.demo import digits_cnn\n"
+    "torch.set_num_threads(1)\nx, y = nt.datasets.digits('train')",
+    "config = nt.TrainConfig(device='cpu', amp='off', max_steps=60, log_every=2, batch_size=64)\n"
+    "run = nt.fit(digits_cnn(), (x, y), torch.nn.functional.cross_entropy, config=config,\n"
+    "             progress=lambda r: nt.Dashboard(r, live='static'))",
+]
+
+
+@needs_browser
+def test_static_dashboard_renders_its_final_charts_in_jupyterlab(lab, page):
+    nb = {"cells": [{"cell_type": "code", "metadata": {}, "source": c, "outputs": [],
+                     "execution_count": None} for c in STATIC_CELLS],
+          "metadata": json.loads(NOTEBOOK.read_text())["metadata"], "nbformat": 4,
+          "nbformat_minor": 5}
+    (lab.root / "static.ipynb").write_text(json.dumps(nb))
+    _open(page, lab, "static.ipynb")
+    assert page.evaluate(START_RUN_ALL) == "started", "the kernel did not start within 90 s"
+    _check_ran_cleanly(page, _wait_run_all(page, 120))
+    root = ".jp-Notebook"
+    assert "finished" in page.locator(root + " table.nbtrain-runs").inner_text()
+    # JupyterLab's Plotly renderer draws a figure once and ignores later updates of its
+    # output (jupyterlab-plotly 7.1 renderModel: `if (this.hasGraphElement()) return`), so
+    # the final picture shows where it matters, in the saved notebook reopened.
+    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+    page.wait_for_timeout(1000)
+    page.reload()
+    page.locator(root + " .js-plotly-plot").first.wait_for(state="visible", timeout=90_000)
+    assert _enough(_points(page, root=root)), _points(page, root=root)
+    ends = page.evaluate(LAST_STEPS, {"root": root, "label": "run 1"})
+    assert all(ends.get(name) == 60 for name in CHARTS), ends
+    page.screenshot(path=str(SHOTS / "dashboard_static.png"))
 
 
 @needs_browser

@@ -6,27 +6,11 @@ import zipfile
 import pytest
 import torch
 from torch.nn import functional as F
-from torch.utils.data import Dataset
 
 import nbtrain as nt
 from nbtrain import checkpoint as ckpt
 
-from conftest import mlp, quick
-
-
-class Samples(Dataset):
-    """A map-style dataset: the DataLoader path."""
-
-    def __init__(self, x, y):
-        self.x, self.y = x, y
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, i):
-        if getattr(self, "bad", None) == i:
-            raise ValueError("corrupt record")
-        return self.x[i], self.y[i]
+from conftest import Samples, mlp, quick
 
 
 def _same_state(a, b) -> None:

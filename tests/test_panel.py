@@ -23,7 +23,7 @@ pytest.importorskip("anywidget")
 pytest.importorskip("plotly")
 
 from nbtrain.config import FIELD_NAMES, GROUPS, SETTINGS  # noqa: E402
-from nbtrain.dashboard import Dashboard, Decimated, planned_lr  # noqa: E402
+from nbtrain.dashboard import Dashboard, Decimated, log_axis, planned_lr  # noqa: E402
 from nbtrain.panel import Panel  # noqa: E402
 
 LONG = 1_000_000   # max_steps of runs that the test stops
@@ -236,6 +236,36 @@ def test_train_stop_resume(make_panel):
     assert steps[-1] == resumed.step and np.all(np.diff(steps) > 0)
 
 
+def test_status_of_an_ended_run_shows_the_runs_rate_as_the_table_does(make_panel):
+    panel = make_panel(cfg(max_steps=LONG))
+    panel.train_button.click()
+    run = panel.run
+    wait_until(lambda: len(run.records()) >= 3, what="3 records")
+    panel.stop_button.click()
+    finish(panel)
+    rate = f"{run.summary()['samples_per_s']:,.0f} samples/s"
+    assert rate in panel.status_text(), (rate, panel.status_text())
+    assert f"<td style='padding:2px 8px;white-space:nowrap'>{rate[:-10]}</td>" \
+        in panel.dashboard.table.value
+
+
+def test_report_button_writes_the_last_runs_report_and_links_it(make_panel, tmp_path,
+                                                                monkeypatch):
+    monkeypatch.chdir(tmp_path)   # the report lands beside the notebook: the kernel's folder
+    panel = make_panel(cfg(max_steps=20))
+    assert panel.report_button.disabled
+    panel.train_button.click()
+    finish(panel)
+    assert not panel.report_button.disabled
+    panel.report_button.click()
+    text = (tmp_path / "nbtrain-run-1.html").read_text()
+    assert "plotly.js v" in text and "settings used" in text
+    assert "href='nbtrain-run-1.html'" in panel.message.value
+    panel.train_button.click()   # a new run: the old report's link goes
+    assert "nbtrain-run-1.html" not in panel.message.value
+    finish(panel)
+
+
 def test_each_train_adds_a_line_and_a_table_row_from_the_same_start(make_panel):
     panel = make_panel(cfg(max_steps=20))   # inside the first epoch: a record every 5 steps
     panel.train_button.click()
@@ -384,6 +414,48 @@ def test_dashboard_as_the_progress_of_a_blocking_fit(digits):
                  progress=lambda r: shown.append(Dashboard(r)))
     shown[0].reporter.join(5)
     assert shown[0].trace("run 1", "loss").x[-1] == run.step == 20
+
+
+def test_loss_axis_has_decade_ticks_and_fits_the_data():
+    axis = log_axis([2.3, 1.1, 0.4, 0.05, 0.012, np.nan, 0.0])   # NaN and 0: not on a log axis
+    assert axis["ticktext"] == ["0.01", "0.1", "1"]              # decades, full labels
+    lo, hi = axis["range"]                                       # log10 units, just past the data
+    assert lo <= np.log10(0.012) and hi >= np.log10(2.3)
+    assert lo > np.log10(0.005) and hi < np.log10(5)
+    narrow = log_axis([0.61, 0.58, 0.55])   # less than a decade: 1-2-5 steps, still 2+ labels
+    assert len(narrow["tickvals"]) >= 2 and set(narrow["ticktext"]) <= {"0.2", "0.5", "1", "2"}
+    assert log_axis([np.nan, -1.0]) is None
+
+
+def test_loss_chart_fits_the_losses_of_every_run(digits):
+    run = background_fit(digits, max_steps=60)
+    dash = Dashboard(run)
+    run.wait(30)
+    assert dash.reporter.join(5)
+    axis = dash.figure.layout.yaxis5   # row 3: the loss chart
+    losses = np.concatenate([dash.trace("run 1", "loss").y,
+                             dash.trace("run 1", "val_loss", "val").y])
+    assert axis.type == "log" and len(axis.tickvals) >= 2
+    assert axis.range[0] <= np.log10(losses.min()) and axis.range[1] >= np.log10(losses.max())
+    assert list(axis.ticktext) == [f"{v:g}" for v in axis.tickvals]
+
+
+def test_a_reloaded_page_gets_every_point_from_the_kernel(digits):
+    """A reloaded page asks the kernel for the figure's state (ipywidgets' request_state):
+    it must hold every trace and point drawn since the figure was shown, and keeping it
+    current must not send the data a second time to the page shown now."""
+    run = background_fit(digits, max_steps=60)
+    dash = Dashboard(run)
+    sent = []
+    dash.figure.observe(sent.append, names=["_widget_data", "_widget_layout"])
+    run.wait(30)
+    assert dash.reporter.join(5)
+    state = dash.figure._widget_data   # what get_state() serializes for the page
+    assert len(state) == len(dash.figure.data) > 5
+    for trace, kept in zip(dash.figure.data, state):
+        assert np.array_equal(trace.x, kept["x"]) and np.array_equal(trace.y, kept["y"])
+    assert dash.figure._widget_layout["yaxis5"]["tickvals"] == list(dash.figure.layout.yaxis5.tickvals)
+    assert not sent
 
 
 def test_decimated_keeps_even_spacing_and_the_newest_row():

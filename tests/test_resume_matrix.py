@@ -13,26 +13,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.nn import functional as F
-from torch.utils.data import Dataset
 
 import nbtrain as nt
 from nbtrain import checkpoint as ckpt
 from nbtrain.config import FIELD_NAMES, SETTINGS
 
-from conftest import mlp, quick
+from conftest import Samples, mlp, quick
 
 STEPS, CUT = 24, 11   # a run of 24 steps (16 batches an epoch), ended at step 11
-
-
-class Samples(Dataset):
-    def __init__(self, x, y):
-        self.x, self.y = x, y
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, i):
-        return self.x[i], self.y[i]
 
 
 class EndsOnce(torch.nn.Module):
@@ -146,7 +134,7 @@ torch.set_num_threads(1)
 sys.path.insert(0, {tests!r})
 import nbtrain as nt
 from torch.nn import functional as F
-from conftest import mlp, quick
+from conftest import Samples, mlp, quick
 gen = torch.Generator().manual_seed(0)
 x, y = torch.randn(256, 8, generator=gen), torch.randint(0, 3, (256,), generator=gen)
 torch.manual_seed(0)

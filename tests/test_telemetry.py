@@ -213,3 +213,36 @@ def test_the_wait_for_the_device_is_counted_in_the_intervals(blobs, monkeypatch)
                  config=quick(max_steps=20, log_every=2))
     counted = sum(r["interval_s"] for r in run.records("train"))
     assert run.wall_s > 0.5 and counted == pytest.approx(run.wall_s, rel=0.1)
+
+
+# -- the diagnosis agrees with what "auto" found about the machine -----------------------------
+COMPUTE_BOUND = {"data_wait_frac": 0.01, "copy_frac": 0.01, "compute_frac": 0.98}
+
+
+def _advice(monkeypatch, device, amp, bf16_cpu="", bf16_gpu=False):
+    monkeypatch.setattr(telemetry, "cpu_bf16_feature", lambda: bf16_cpu)
+    monkeypatch.setattr(telemetry, "gpu_has_bf16", lambda device: bf16_gpu)
+    return telemetry.diagnose(COMPUTE_BOUND, {"device": (device, ""), "amp": amp})
+
+
+def test_diagnosis_never_advises_bf16_where_auto_found_no_bf16_units(monkeypatch):
+    from nbtrain.devices import resolve_amp
+    monkeypatch.setattr("nbtrain.devices.cpu_bf16_feature", lambda: "")
+    found = resolve_amp("auto", torch.device("cpu"))
+    assert found[0] == "off" and "no bf16" in found[1]
+    advice = _advice(monkeypatch, "cpu", found)
+    assert advice.startswith("compute-bound") and "amp=" not in advice
+    assert "amp=" not in _advice(monkeypatch, "cpu", ("off", "asked for"))
+    assert "amp=" not in _advice(monkeypatch, "mps", ("off", "autocast on MPS rarely pays off"))
+
+
+def test_diagnosis_advises_the_amp_this_machine_runs_fast(monkeypatch):
+    assert "try amp=bf16" in _advice(monkeypatch, "cpu", ("off", "asked for"),
+                                     bf16_cpu="avx512_bf16")
+    assert "amp=" not in _advice(monkeypatch, "cpu", ("off", "CPU has avx512_bf16, but bf16 "
+                                                      "measured 0.61x of fp32 speed"),
+                                 bf16_cpu="avx512_bf16")
+    assert "try amp=fp16" in _advice(monkeypatch, "cuda:0", ("off", "asked for"))
+    assert "try amp=bf16" in _advice(monkeypatch, "cuda:0", ("off", "asked for"), bf16_gpu=True)
+    assert "amp=" not in _advice(monkeypatch, "cuda:0", ("bf16", "GPU supports bf16"),
+                                 bf16_gpu=True)

@@ -97,10 +97,12 @@ def _check_intact(path: Path) -> None:
 def restore(run, state: dict) -> None:
     """Load `state` into the freshly built parts of `run` and move it to the saved position."""
     from .config import ConfigError
+    from .kinds import text_of
     saved = state["config"]
-    if saved["optimizer"] != run.config.optimizer:
-        raise ConfigError(f"TrainConfig.optimizer={run.config.optimizer!r} cannot resume a run "
-                          f"trained with {saved['optimizer']!r}: its optimizer state does not "
+    given = text_of(run.config.optimizer)   # your own optimizer by name: "custom:Adadelta"
+    if saved["optimizer"] != given:
+        raise ConfigError(f"TrainConfig.optimizer={given!r} cannot resume a run trained"
+                          f" with {saved['optimizer']!r}: its optimizer state does not "
                           f"fit. Resume with optimizer={saved['optimizer']!r}, or start anew.",
                           field="optimizer")
     _check_model_fits(run.model.state_dict(), state["model"])   # before anything is loaded

@@ -157,6 +157,11 @@ class Comparison:
         """Loss against step and against wall time, and the LR, one colour per config."""
         return comparison_figure(self.runs)
 
+    def report(self, path) -> str:
+        """One self-contained HTML file: the charts, the table, each config's settings."""
+        from .export import comparison_report
+        return comparison_report(self, path)
+
     def __repr__(self) -> str:
         target = f"target loss {cell(self.target_loss)}"
         return text_table(COLUMNS, self.rows) + f"\n({target}; means over seeds)"

@@ -14,10 +14,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
-from .kinds import (AUTO_FLAG, AnyOf, AutoOr, Choice, Device, Flag, Kind, Number, OrNone,
-                    Pair, Path, Whole)
+from .kinds import (AUTO_FLAG, CUSTOM, AnyOf, AutoOr, Choice, Device, Factory, Flag, Kind,
+                    Number, OrNone, Pair, Path, Whole, custom_name, takes_factories)
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "radam", "nadam", "rmsprop", "adagrad")
 ADAM_FAMILY = ("adam", "adamw", "radam", "nadam")
@@ -142,7 +142,10 @@ class TrainConfig:
         "auto", AUTO_FLAG, "data path", "CUDA: copy the next batch on a side stream",
         label="prefetch to GPU", options=AUTO_ON_OFF)
     # --- optimizer ------------------------------------------------------------------
-    optimizer: str = setting("adamw", Choice(*OPTIMIZERS), "optimizer", "the optimizer")
+    optimizer: Union[str, Callable] = setting(
+        "adamw", AnyOf(Choice(*OPTIMIZERS), Factory("a torch.optim.Optimizer subclass or a "
+                                                    "function params -> optimizer")),
+        "optimizer", "the optimizer: a name, or your own class or factory (params -> optimizer)")
     lr: float = setting(1e-3, Number(0, low_open=True, example="1e-3"), "optimizer",
                         "base learning rate", speed=False, label="learning rate")
     weight_decay: float = setting(0.0, Number(0), "optimizer", "weight decay", flag="--wd")
@@ -163,8 +166,11 @@ class TrainConfig:
                                   "kernel: fused, foreach or a for-loop over parameters",
                                   label="implementation")
     # --- LR schedule ----------------------------------------------------------------
-    scheduler: str = setting("constant", Choice(*SCHEDULERS), "schedule", "the LR schedule",
-                             speed=False, label="schedule")
+    scheduler: Union[str, Callable] = setting(
+        "constant", AnyOf(Choice(*SCHEDULERS), Factory("a function optimizer -> torch LR "
+                                                       "scheduler")),
+        "schedule", "the LR schedule: a name, or your own factory (optimizer -> scheduler)",
+        speed=False, label="schedule")
     warmup_steps: int = setting(0, Whole(0), "schedule",
                                 "linear warmup steps from 0, before any schedule",
                                 speed=False, flag="--warmup", label="warmup steps")
@@ -259,16 +265,22 @@ class TrainConfig:
 
     # -- copies and round trips --------------------------------------------------------
     def replace(self, **changes: Any) -> "TrainConfig":
-        """A new config with `changes` applied; unknown names raise ConfigError."""
-        _reject_unknown(changes)
+        """A new config with `changes` applied; unknown names raise ConfigError (__new__)."""
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The fields as plain values; your own optimizer or scheduler as its name
+        ("custom:Adadelta"), since a checkpoint holds data, not code."""
+        values = dataclasses.asdict(self)
+        for name in FACTORY_FIELDS:
+            if callable(values[name]):
+                values[name] = custom_name(values[name])
+        return values
 
     @classmethod
     def from_dict(cls, values: dict) -> "TrainConfig":
-        _reject_unknown(values)
+        for name in FACTORY_FIELDS:
+            _refuse_custom_name(name, values.get(name))
         return cls(**values)
 
 
@@ -284,6 +296,17 @@ def _declared_settings() -> Dict[str, Setting]:
 
 SETTINGS: Dict[str, Setting] = _declared_settings()
 FIELD_NAMES = tuple(SETTINGS)
+FACTORY_FIELDS = tuple(name for name, meta in SETTINGS.items() if takes_factories(meta.kind))
+
+
+def _refuse_custom_name(name: str, value) -> None:
+    """A saved config names the user's own optimizer or scheduler; the code must come again."""
+    if isinstance(value, str) and value.startswith(CUSTOM):
+        raise ConfigError(
+            f"TrainConfig.{name}={value!r} was your own {name} (a class or factory) when this "
+            f"config was saved; a checkpoint keeps only its name. Pass it again to resume: "
+            f"fit(..., config=TrainConfig({name}=<the same class or factory>, ...), "
+            f"resume=...), or %%fasttrain --resume ... --{name} NAME.", field=name)
 
 
 def settings_in(group: str) -> list:
@@ -353,5 +376,12 @@ def _check_checkpointing(cfg: TrainConfig) -> None:
               "False when compile=True (pick one)")
 
 
-_RULES = (_check_lr_floor, _check_nesterov, _check_worker_options, _check_checkpointing,
+def _check_custom_optimizer(cfg: TrainConfig) -> None:
+    if callable(cfg.optimizer) and cfg.optimizer_impl != "auto":
+        _fail("optimizer_impl", cfg.optimizer_impl,
+              "'auto' with your own optimizer (choose its kernel in your factory, e.g. "
+              "foreach=True)")
+
+
+_RULES = (_check_custom_optimizer, _check_lr_floor, _check_nesterov, _check_worker_options, _check_checkpointing,
           _check_checkpoint_folder)

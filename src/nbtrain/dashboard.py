@@ -15,9 +15,13 @@ per run, however long it trains) under the one lock that also guards the figure.
 """
 from __future__ import annotations
 
+import copy
 import html
 import importlib.util
+import json
 import math
+import os
+import sys
 import threading
 import time
 import warnings
@@ -41,13 +45,17 @@ if _MISSING:
 
 MAX_POINTS = 400          # per trace: enough for a smooth curve, small enough to send 4x/s
 INTERVAL_S = 0.25         # about 4 redraws a second: live to the eye, cheap for the kernel
+STATIC_INTERVAL_S = 2.0   # live="static" resends the whole figure (~300 kB at 400 points/trace)
+LIVE_MODES = ("auto", "widget", "static")
 PREVIEW_EXACT_LIMIT = 200_000   # schedule_preview lists every step; past this we sample
 
 # Colors of runs 1, 2, 3, ... (plotly's default qualitative palette).
 PALETTE = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692",
            "#b6e880", "#ff97ff", "#fecb52")
 
-LOSS_TICKS = [m * 10.0 ** e for e in range(-4, 3) for m in (1, 2, 5)]
+# Tick steps of a log axis, coarsest first: decades, then 1-2-5, then every digit.
+LOG_MANTISSAS = ((1,), (1, 2, 5), (1, 2, 3, 4, 5, 6, 7, 8, 9))
+MIN_LOG_SPAN = 0.7   # decades: 1-2-5 ticks are at most 0.4 apart, so two always fit
 
 # Columns kept from each train record; "compute_s" may be derived (see `_train_row`).
 TRAIN_FIELDS = ("step", "samples_per_s", "data_wait_s", "copy_s", "compute_s", "rss_mb",
@@ -161,6 +169,33 @@ def planned_lr(config, total_steps: int, max_points: int = MAX_POINTS,
         from .schedule import Schedule
         lrs = [Schedule(config, total_steps).lr(int(i)) for i in picks]
     return picks.astype(np.float64) + 1.0, np.asarray(lrs, dtype=np.float64)
+
+
+def log_axis(values) -> Optional[dict]:
+    """A log axis fitted to `values` (their positive, finite part), with clean ticks.
+
+    Plotly's own log ticks on a short axis label every digit ("5 2 1 0.5 ...") and a
+    fixed tick list stretches the axis past the data; this gives the range in log10
+    units, a little padded, and the coarsest ticks that put two or more labels on it:
+    decades (0.01, 0.1, 1) where the data spans them, else 1-2-5 steps.
+
+    >>> log_axis([0.02, 2.3])["ticktext"]
+    ['0.1', '1']
+    """
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v) & (v > 0)]
+    if not v.size:
+        return None
+    lo, hi = math.log10(v.min()), math.log10(v.max())
+    pad = max(0.05 * (hi - lo), (MIN_LOG_SPAN - (hi - lo)) / 2, 0.0)
+    lo, hi = lo - pad, hi + pad
+    for mantissas in LOG_MANTISSAS:
+        ticks = [m * 10.0 ** e for e in range(math.floor(lo), math.ceil(hi) + 1)
+                 for m in mantissas if lo <= math.log10(m) + e <= hi]
+        if len(ticks) >= 2:
+            break
+    return dict(type="log", range=[lo, hi], autorange=False, tickmode="array",
+                tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])
 
 
 # -- one run on the charts --------------------------------------------------------------------
@@ -329,14 +364,17 @@ def _rgba(hex_color: str, alpha: float) -> str:
 
 
 class PlotlyRenderer:
-    """How to draw: one FigureWidget with five charts, a trace per (run, series).
+    """How to draw: one figure with five charts, a trace per (run, series).
 
     A trace is made the first time its series has data; after that each draw only sets
     x and y of the traces of runs that changed, in one `batch_update` (one message).
+    `widget=False`: a plain Figure with lists for x and y, to be shown as Plotly JSON
+    (numpy arrays would be written as base64 that older plotly.js cannot read).
     """
 
-    def __init__(self, height: int = 760):
+    def __init__(self, height: int = 760, widget: bool = True):
         _, go, make_subplots = _require_plotly_widgets()
+        self.widget = widget
         self._go = go
         grid = make_subplots(rows=3, cols=2, specs=[[{}, {}], [{}, {}], [{"colspan": 2}, None]],
                              subplot_titles=[title for _, _, title in CHARTS.values()],
@@ -345,12 +383,11 @@ class PlotlyRenderer:
                            template="plotly_white", hovermode="x unified",
                            legend=dict(orientation="h", y=-0.06), uirevision="nbtrain")
         grid.update_annotations(font_size=11)
-        # Losses span decades: log axis, ticks at 1-2-5 steps with full labels (not "5", "2").
-        grid.update_yaxes(type="log", tickmode="array", tickvals=LOSS_TICKS,
-                          ticktext=[f"{v:g}" for v in LOSS_TICKS], row=3, col=1)
+        grid.update_yaxes(type="log", row=3, col=1)   # losses span decades: see log_axis
         grid.update_xaxes(title_text="step", row=3, col=1)
-        self.figure = go.FigureWidget(grid)
+        self.figure = go.FigureWidget(grid) if widget else go.Figure(grid)
         self.traces: Dict[Tuple[str, str, str], object] = {}   # (label, buffer, column) -> trace
+        self.loss_axis: Optional[dict] = None
 
     def draw(self, slots: List[Slot], preview=UNCHANGED) -> None:
         """Redraw the series of `slots`; `preview`: the next Train's (x, y) LR, or None to hide."""
@@ -361,11 +398,43 @@ class PlotlyRenderer:
         preview_trace = self._preview_trace() if preview is not UNCHANGED else None
         with self.figure.batch_update():
             for trace, x, y in updates:
-                trace.x, trace.y = x, y
+                trace.x, trace.y = self._values(x), self._values(y)
             if preview_trace is not None:
                 x, y = preview if preview is not None else (np.empty(0), np.empty(0))
-                preview_trace.x, preview_trace.y = x, y
+                preview_trace.x, preview_trace.y = self._values(x), self._values(y)
                 preview_trace.visible = preview is not None
+        self._fit_loss_axis()   # after the batch: inside it the traces read their old data
+        if self.widget:
+            self._keep_state_for_reload()
+
+    def _values(self, column: np.ndarray):
+        return column if self.widget else np.asarray(column).tolist()
+
+    def _fit_loss_axis(self) -> None:
+        """Fit the log loss axis to every run's losses (a relayout only when it changes)."""
+        losses = [t.y for key, t in self.traces.items()
+                  if key != "next" and key[2] in ("loss", "val_loss")]
+        axis = log_axis(np.concatenate(losses)) if losses else None
+        if axis is not None and axis != self.loss_axis:
+            self.loss_axis = axis
+            row, col, _ = CHARTS["loss"]
+            self.figure.update_yaxes(axis, row=row, col=col)
+
+    def _keep_state_for_reload(self) -> None:
+        """Keep the state the kernel would send a reloaded page current, without sending it.
+
+        plotly's FigureWidget syncs its `_widget_data`/`_widget_layout` only when shown;
+        later edits travel as one-shot restyle messages that the page applies to its own
+        copy. A page reloaded while the kernel lives asks the kernel for the state and got
+        the figure as first shown: empty charts, and every later restyle of a trace added
+        since failed ("trace index (11) is not a number or is out of bounds"). Writing
+        traitlets' value store changes what `get_state()` answers and sends nothing: the
+        page shown now has these edits already. One assignment each, so a state request
+        from the kernel's thread reads the old or the new copy, never half of one.
+        """
+        values = self.figure._trait_values
+        values["_widget_data"] = copy.deepcopy(self.figure._data)
+        values["_widget_layout"] = copy.deepcopy(self.figure._layout_obj._props)
 
     def _trace(self, slot: Slot, key: Tuple[str, str]):
         if (slot.label,) + key not in self.traces:
@@ -410,17 +479,28 @@ class Dashboard:
 
     Also `nt.fit(..., progress=nt.Dashboard)`: the charts of a blocking fit.
     Updates are throttled (`interval` seconds), batched, and bounded (`max_points` per
-    trace); training never waits for a chart. Without a browser (a script, nbconvert,
-    nbval) nothing is shown and nothing waits; the text repr is stable.
+    trace); training never waits for a chart. In a script nothing is shown and nothing
+    waits; the text repr is stable.
+
+    `live`: "widget", a FigureWidget updated in place (JupyterLab, Notebook, VS Code);
+    "static", a plain Plotly figure and table re-shown through display handles every
+    `interval` (2 s) and at the end, so the notebook file holds the last picture and any
+    front end that renders Plotly shows it (nbconvert, nbviewer, Colab); "auto" picks
+    static where no widget front end can be assumed (see `auto_live`).
     """
 
-    def __init__(self, *runs, max_points: int = MAX_POINTS, interval: float = INTERVAL_S,
-                 height: int = 760, show: bool = True):
+    def __init__(self, *runs, max_points: int = MAX_POINTS, interval: Optional[float] = None,
+                 height: int = 760, show: bool = True, live: str = "auto"):
         ipywidgets, _, _ = _require_plotly_widgets()
+        self.live = _checked_live(live)
         self.max_points = max_points
-        self.renderer = PlotlyRenderer(height)
+        self.renderer = PlotlyRenderer(height, widget=self.live == "widget")
         self.table = ipywidgets.HTML(value=_table_html([]))
-        self.widget = ipywidgets.VBox([self.renderer.figure, self.table])
+        self.widget = ipywidgets.VBox([self.renderer.figure, self.table]) \
+            if self.live == "widget" else None
+        self.handles = None   # live="static": the display handles of the figure and the table
+        if interval is None:
+            interval = INTERVAL_S if self.live == "widget" else STATIC_INTERVAL_S
         self.slots: List[Slot] = []
         self._inbox: deque = deque()
         self._preview = UNCHANGED   # the next Train's planned LR, until drawn
@@ -514,7 +594,7 @@ class Dashboard:
         return self.text()
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        if self._shown:   # shown itself already: a second copy would only repeat the charts
+        if self._shown or self.widget is None:   # shown already, or shown through handles
             return {"text/plain": self.text()}
         bundle = self.widget._repr_mimebundle_(include=include, exclude=exclude) or {}
         bundle["text/plain"] = self.text()
@@ -524,7 +604,12 @@ class Dashboard:
     def _receive(self, slot: Slot, run, record: dict) -> None:
         """In the training thread: append and poke, nothing else (no lock, no drawing)."""
         self._inbox.append((slot, run, record))
-        self.reporter.poke(urgent=record.get("kind") == "end")
+        end = record.get("kind") == "end"
+        if end and self.handles is not None:
+            # The last picture before fit returns: a headless executor (nbconvert) stops
+            # listening when the cell ends, and the notebook must keep the final charts.
+            self.flush()
+        self.reporter.poke(urgent=end)
 
     def _slot_for(self, run, label, continues) -> Slot:
         old = self.slot_of(continues) if continues is not None else None
@@ -560,6 +645,7 @@ class Dashboard:
         self._preview = UNCHANGED
         if changed:
             self.table.value = _table_html(self.slots)
+            self._update_handles()
         for slot in changed:
             slot.dirty = slot.planned_dirty = False
         for fn in self._after_draw:
@@ -567,16 +653,67 @@ class Dashboard:
 
     def _show_in_notebook(self) -> None:
         """Display once, as a tqdm bar does, so `progress=nt.Dashboard` shows up in a blocking fit."""
-        try:
-            from IPython import get_ipython
-            from IPython.display import display
-        except ImportError:
+        if not _in_kernel():
             return
-        shell = get_ipython()
-        if shell is None or not hasattr(shell, "kernel"):   # a script or a terminal IPython
-            return
-        display(self)
+        from IPython.display import display
+        if self.live == "static":
+            self.handles = (display(self._figure_bundle(), raw=True, display_id=True),
+                            display(self._table_bundle(), raw=True, display_id=True))
+        else:
+            display(self)
         self._shown = True
+
+    # -- inside: live="static" -------------------------------------------------------------------
+    def _figure_bundle(self) -> dict:
+        """The figure as Plotly JSON (JupyterLab, nbviewer, VS Code render it) and as HTML
+        that loads plotly.js from its CDN (Colab, front ends without the Plotly renderer)."""
+        import plotly.io as pio
+        figure = self.renderer.figure
+        return {"application/vnd.plotly.v1+json": json.loads(pio.to_json(figure, validate=False)),
+                "text/html": pio.to_html(figure, include_plotlyjs="cdn", full_html=False),
+                "text/plain": self.text()}
+
+    def _table_bundle(self) -> dict:
+        return {"text/html": self.table.value, "text/plain": self.text()}
+
+    def _update_handles(self) -> None:
+        if self.handles is not None:
+            figure, table = self.handles
+            figure.update(self._figure_bundle(), raw=True)
+            table.update(self._table_bundle(), raw=True)
+
+
+# -- which live mode ---------------------------------------------------------------------------
+def _checked_live(live: str) -> str:
+    if live not in LIVE_MODES:
+        raise ValueError(f"Dashboard(live={live!r}): expected one of {', '.join(LIVE_MODES)}.")
+    return auto_live() if live == "auto" else live
+
+
+def _in_kernel() -> bool:
+    """In a notebook kernel (not a script, not a terminal IPython)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    return hasattr(get_ipython(), "kernel")
+
+
+def auto_live() -> str:
+    """"static" where no front end that renders live widgets can be assumed, else "widget".
+
+    Jupyter Server (JupyterLab, Notebook 7) starts each session's kernel with
+    JPY_SESSION_NAME in its environment (jupyter_server/services/sessions/sessionmanager.py)
+    and VS Code's kernels inherit VSCODE_PID; nbconvert, nbclient, nbval and papermill start
+    theirs with neither, and there a widget is saved as a reference to state that no
+    reader has. Colab draws widgets only after `output.enable_custom_widget_manager()`,
+    which a kernel cannot see. Outside a kernel (a script) nothing is shown: "widget".
+    """
+    if not _in_kernel():
+        return "widget"
+    if "google.colab" in sys.modules:
+        return "static"
+    return "widget" if {"JPY_SESSION_NAME", "VSCODE_PID"} & set(os.environ) else "static"
 
 
 # -- the runs table -------------------------------------------------------------------------

@@ -29,6 +29,7 @@ class Kind:
     """The values one setting accepts."""
     allowed = ""         # for errors and help: "a whole number >= 1"
     metavar = "VALUE"    # for the magic's help: --batch-size N
+    convert = str        # how `parse` reads text: int, float, str
 
     def accepts(self, value) -> bool:
         raise NotImplementedError
@@ -37,7 +38,10 @@ class Kind:
         """The value of the right type that `text` stands for; ValueError when there is none.
 
         Whether the value is allowed is `accepts`'s question, asked by TrainConfig."""
-        raise NotImplementedError
+        try:
+            return self.convert(text)
+        except ValueError:
+            raise ValueError(f"expected {self.allowed}, got {text!r}") from None
 
     def describe(self, value) -> str:
         """`allowed`, with a hint fitted to the rejected value where one helps."""
@@ -51,6 +55,7 @@ class Kind:
 class Whole(Kind):
     """A whole number, at least `low` when given (bools are not numbers here)."""
     metavar = "N"
+    convert = int
 
     def __init__(self, low: Optional[int] = None, high: Optional[int] = None):
         self.low, self.high = low, high
@@ -63,16 +68,11 @@ class Whole(Kind):
         return _is_int(value) and (self.low is None or value >= self.low) \
             and (self.high is None or value <= self.high)
 
-    def parse(self, text: str) -> int:
-        try:
-            return int(text)
-        except ValueError:
-            raise ValueError(f"expected {self.allowed}, got {text!r}") from None
-
 
 class Number(Kind):
     """A real number in a range; `open` ends exclude their bound."""
     metavar = "X"
+    convert = float
 
     def __init__(self, low=None, high=None, low_open=False, high_open=False, example=""):
         self.low, self.high, self.low_open, self.high_open = low, high, low_open, high_open
@@ -89,12 +89,6 @@ class Number(Kind):
         above = value > self.low if self.low_open else value >= self.low
         below = self.high is None or (value < self.high if self.high_open else value <= self.high)
         return above and below
-
-    def parse(self, text: str) -> float:
-        try:
-            return float(text)
-        except ValueError:
-            raise ValueError(f"expected {self.allowed}, got {text!r}") from None
 
 
 class Flag(Kind):
@@ -167,6 +161,11 @@ class AnyOf(Kind):
     def accepts(self, value) -> bool:
         return any(kind.accepts(value) for kind in self.kinds)
 
+    def describe(self, value) -> str:
+        """`allowed`, with the first hint one of the kinds has for `value` (did you mean)."""
+        hints = [kind.describe(value)[len(kind.allowed):] for kind in self.kinds]
+        return self.allowed + next((hint for hint in hints if hint), "")
+
     def parse(self, text: str):
         for kind in self.kinds:
             try:
@@ -201,9 +200,6 @@ class Device(Kind):
         return isinstance(value, str) and (
             value in ("auto", "cpu", "cuda", "mps")
             or (value.startswith("cuda:") and value[5:].isdigit()))
-
-    def parse(self, text: str) -> str:
-        return text
 
 
 class Pair(Kind):
@@ -240,12 +236,44 @@ class Path(Kind):
     def accepts(self, value) -> bool:
         return isinstance(value, (str, os.PathLike))
 
-    def parse(self, text: str) -> str:
-        return text
+
+class Factory(Kind):
+    """The user's own code for a part nbtrain builds: a class or a function that makes it.
+
+    Not readable from text (`parse` fails, so an AnyOf tries its other kinds); the magic
+    looks such a value up by variable name instead. A checkpoint stores only its name
+    (`custom_name`), so resuming needs the same factory passed again.
+    """
+    metavar = "NAME"
+
+    def __init__(self, allowed: str):
+        self.allowed = allowed
+
+    def accepts(self, value) -> bool:
+        return callable(value) and not isinstance(value, str)
+
+    def parse(self, text: str):
+        raise ValueError(f"expected {self.allowed}, got the text {text!r}")
+
+
+CUSTOM = "custom:"   # how a checkpoint names a factory: "custom:Adadelta"
+
+
+def custom_name(value) -> str:
+    """The name a checkpoint stores for a class or function: "custom:Adadelta"."""
+    inner = getattr(value, "func", value)   # functools.partial
+    return CUSTOM + getattr(inner, "__qualname__", type(inner).__name__)
+
+
+def takes_factories(kind: Kind) -> bool:
+    """Whether `kind` accepts a class or function (then text may name a variable)."""
+    return isinstance(kind, Factory) or any(map(takes_factories, getattr(kind, "kinds", ())))
 
 
 def text_of(value: Any) -> str:
     """A value written the way `parse` reads it back (betas as 0.9,0.999)."""
     if isinstance(value, tuple):
         return ",".join(str(v) for v in value)
+    if callable(value) and not isinstance(value, str):
+        return custom_name(value)
     return str(value)

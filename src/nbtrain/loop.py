@@ -12,6 +12,7 @@ import threading
 import time
 import warnings
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -22,7 +23,7 @@ from . import flops
 from .config import ConfigError, TrainConfig, as_config
 from .data import (describe_bad_sample, first_batch, make_batches, make_mover,
                    prefetch_to_device, resolve_prefetch)
-from .data.batches import describe_batch, shortened
+from .data.batches import describe_batch, shortened, signature_of
 from .data.culprit import worker_died
 from .data.nested import batch_len
 from .devices import (autocast_context, cpu_bf16_choice, intra_op_threads, resolve_amp,
@@ -62,6 +63,9 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
     >>> run = nt.fit(model, (x, y), torch.nn.functional.cross_entropy,
     ...              config=nt.TrainConfig(epochs=3, amp="bf16", scheduler="cosine"))
 
+    `loss_fn=None`: the model returns the loss (or an output with `loss`). A mapping batch
+    is passed as keywords, `model(**batch)` (Hugging Face models), unless the forward
+    takes one positional argument named after none of its keys: then `model(batch)`.
     `resume`: a Run or a checkpoint path; training continues where it stopped.
     `background=True` returns at once and trains in a thread (`run.stop()`, `run.wait()`).
     `progress`: True/"auto" for a progress bar, False for none, or a callable given the Run
@@ -74,7 +78,7 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
     """
     state = ckpt.load(resume) if isinstance(resume, (str, bytes)) or hasattr(resume, "__fspath__") \
         else (resume.checkpoint() if isinstance(resume, Run) else None)
-    cfg = _config_from(config, state)
+    cfg = _config_from(config, state, resume)
     _refuse_busy(model)   # before anything touches the model
     if cfg.release_previous:
         release_previous_run()
@@ -149,8 +153,10 @@ def _claim(model, run: Run) -> None:
         _training[model] = run
 
 
-def _config_from(config, state) -> TrainConfig:
+def _config_from(config, state, resume=None) -> TrainConfig:
     """The given config; without one, a resumed run's own, else the defaults."""
+    if config is None and isinstance(resume, Run):   # its own optimizer and scheduler too
+        return resume.config.replace()
     if config is None and state:
         return TrainConfig.from_dict(state["config"])
     return as_config(config)
@@ -227,9 +233,20 @@ def _data_path(run: Run, batches, device):
 def _architecture(model, batches) -> tuple:
     """What the bf16 measurement depends on: layers, parameter shapes, batch shapes."""
     shapes = tuple((tuple(p.shape), p.dtype) for p in model.parameters())
-    inputs = (tuple((tuple(t.shape[1:]), t.dtype) for t in batches.tensors), batches.batch_size) \
-        if hasattr(batches, "tensors") else len(batches)
-    return (repr(model), shapes, inputs)
+    return (repr(model), shapes, _input_shapes(batches))
+
+
+def _input_shapes(batches):
+    """The shapes of one sample (of each tensor in it, a mapping's by key) and the batch
+    size; the number of batches when no sample can be read without loading a batch."""
+    if hasattr(batches, "tensors"):
+        return tuple((tuple(t.shape[1:]), t.dtype) for t in batches.tensors), batches.batch_size
+    # nbtrain's loader batches by its sampler; a DataLoader of yours by its batch_size
+    holder = getattr(batches, "sampler", None) or getattr(batches, "loader", None)
+    try:   # one sample, read in this process: cheaper than a batch, and starts no worker
+        return signature_of(batches.dataset[0]), getattr(holder, "batch_size", None)
+    except Exception:
+        return len(batches)
 
 
 def _probe_step(model, setup: Setup, amp: str) -> None:
@@ -509,9 +526,9 @@ def evaluate(run: Run, setup: Setup) -> dict:
         n = batch_len(batch)
         loss_sum += loss.float() * n
         count += n
-        target = batch[-1] if setup.loss_fn else None
-        if classified and _is_classification(out, target):
-            correct += (out.argmax(-1) == target).sum()
+        scores, target = _scores_and_target(out, batch, setup.loss_fn)
+        if classified and _is_classification(scores, target):
+            correct += (scores.argmax(-1) == target).sum()
         else:
             classified = False
     run.model.train()
@@ -520,6 +537,17 @@ def evaluate(run: Run, setup: Setup) -> dict:
     if classified and count:
         record["val_acc"] = correct.item() / count
     return record
+
+
+def _scores_and_target(out, batch, loss_fn):
+    """What accuracy compares: the output and the batch's last element with a loss_fn;
+    without one, a Hugging Face-style output's `logits` and a mapping batch's `labels`."""
+    if loss_fn is not None:
+        return out, batch[-1]
+    if isinstance(batch, Mapping):
+        logits = out.get("logits") if isinstance(out, Mapping) else getattr(out, "logits", None)
+        return logits, batch.get("labels")
+    return None, None
 
 
 def _is_classification(out, target) -> bool:

@@ -13,6 +13,7 @@ user namespace (as `run` unless `--out` names another variable).
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
 import keyword
 import os
@@ -22,8 +23,8 @@ from IPython.core import magic_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from .config import (FIELD_NAMES, GROUPS, SETTINGS, ConfigError, TrainConfig, rejection,
-                     settings_in)
+from .config import (FACTORY_FIELDS, FIELD_NAMES, GROUPS, SETTINGS, ConfigError, TrainConfig,
+                     rejection, settings_in)
 from .kinds import AUTO_FLAG, Flag, text_of
 
 _DEFAULTS = TrainConfig()   # the help quotes these, so it cannot drift from the config
@@ -129,10 +130,11 @@ class FastTrainMagics(Magics):
         args = _parse_options(self.fasttrain, line)
         if args.out is not None:
             _check_out_name(args.out)
-        if args.config is None and args.resume is None:
-            _apply_options(TrainConfig(), args)   # a bad option fails before the body runs
-        defined = self._run_body(cell)
         ns = self.shell.user_ns
+        if args.config is None and args.resume is None:   # a bad option fails before the body runs
+            _apply_options(TrainConfig(), _with_named_factories(args, ns, cell))
+        defined = self._run_body(cell)
+        args = _with_named_factories(args, ns)
         resume = _resume_target(ns, args.resume)
         args.out = args.out or (args.resume if _is_run(resume) else "run")
         config = _apply_options(_base_config(ns, args.config, resume), args)
@@ -218,6 +220,45 @@ def _apply_options(base: TrainConfig, args) -> TrainConfig:
         return base.replace(**changes)
     except ConfigError as err:
         raise UsageError(str(err)) from None
+
+
+def _with_named_factories(args, ns: dict, cell=None):
+    """`args` with each value of a setting that takes your own class or factory
+    (--optimizer, --scheduler) that names a notebook variable, rather than one of the
+    setting's names, replaced by that variable.
+
+    Before the body has run (`cell` given), a name the body binds is left out, to be
+    looked up once it has run; a name neither the notebook nor the body has stays, and
+    TrainConfig rejects it (`--optimizer adamm`: did you mean 'adam'?).
+    """
+    args = argparse.Namespace(**vars(args))
+    for name in FACTORY_FIELDS:
+        value = getattr(args, name)
+        if not isinstance(value, str) or SETTINGS[name].kind.accepts(value):
+            continue
+        if value in ns:
+            setattr(args, name, None if cell is not None else ns[value])
+        elif cell is not None and value in _names_bound_by(cell):
+            setattr(args, name, None)
+    return args
+
+
+def _names_bound_by(cell: str) -> set:
+    """The names a cell's code assigns, imports or defines (none when it is not plain
+    Python, e.g. it holds other magics)."""
+    try:
+        tree = ast.parse(cell or "")
+    except SyntaxError:
+        return set()
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.alias):
+            names.add((node.asname or node.name).split(".")[0])
+    return names
 
 
 def _base_config(ns: dict, name, resume) -> TrainConfig:

@@ -6,7 +6,7 @@ from typing import Tuple
 
 import torch
 
-from .config import TrainConfig
+from .config import ConfigError, TrainConfig
 
 _CLASSES = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "radam": "RAdam",
             "nadam": "NAdam", "rmsprop": "RMSprop", "adagrad": "Adagrad"}
@@ -45,6 +45,8 @@ def _has_fused(optimizer: str, device_type: str) -> bool:
 
 
 def resolve_impl(cfg: TrainConfig, device: torch.device) -> Tuple[str, str]:
+    if callable(cfg.optimizer):
+        return "its own", "your optimizer: its class or factory picks the kernel"
     fused_ok = _has_fused(cfg.optimizer, device.type)
     if cfg.optimizer_impl == "fused" and not fused_ok:
         from .config import ConfigError
@@ -61,6 +63,8 @@ def resolve_impl(cfg: TrainConfig, device: torch.device) -> Tuple[str, str]:
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, impl: str) -> torch.optim.Optimizer:
+    if callable(cfg.optimizer):
+        return _custom_optimizer(model, cfg)
     cls = getattr(torch.optim, _CLASSES[cfg.optimizer])
     kwargs = dict(lr=cfg.lr, **_hyperparams(cfg))
     if impl == "fused":
@@ -68,3 +72,30 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, impl: str) -> torc
     else:
         kwargs["foreach"] = impl == "foreach"
     return cls(param_groups(model, cfg), **kwargs)
+
+
+def _custom_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """The user's optimizer: a class gets nbtrain's param groups and `lr`; a factory gets
+    the param groups and builds it as it likes, but its LR must be `lr`, since the loop
+    sets every group's LR from `lr` and the schedule before each step."""
+    made = cfg.optimizer
+    groups = param_groups(model, cfg)
+    if isinstance(made, type) and issubclass(made, torch.optim.Optimizer):
+        return made(groups, lr=cfg.lr)
+    opt = made(groups)
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise _config_error(f"TrainConfig.optimizer={made!r} returned a {type(opt).__name__}, "
+                            "not a torch.optim.Optimizer: pass an Optimizer subclass or a "
+                            "function params -> torch.optim.Optimizer.")
+    rates = sorted({group["lr"] for group in opt.param_groups})
+    if rates != [cfg.lr]:
+        raise _config_error(f"TrainConfig.optimizer={made!r} made an optimizer with lr "
+                            f"{', '.join(map(str, rates))}, but TrainConfig.lr={cfg.lr}: nbtrain "
+                            "sets every group's LR from lr (and the scheduler) before each step. "
+                            f"Pass TrainConfig(lr={rates[0]}) to train with it (one LR for all "
+                            "groups; a scheduler factory shapes it over the steps).")
+    return opt
+
+
+def _config_error(text: str) -> ConfigError:
+    return ConfigError(text, field="optimizer")

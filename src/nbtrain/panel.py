@@ -67,6 +67,12 @@ class _Builder:
         kind = meta.kind
         if meta.options or isinstance(kind, Choice):
             return self.choice(meta, meta.options or kind.options)
+        from .kinds import takes_factories
+        if takes_factories(kind):   # the names, plus your own class or factory when set
+            names = next(k.options for k in kind.kinds if isinstance(k, Choice))
+            current = getattr(self.config, meta.name)
+            own = ((text_of(current), current),) if callable(current) else ()
+            return self.choice(meta, names + own)
         if isinstance(kind, Flag):
             return self.flag(meta)
         if isinstance(kind, (Whole, Number)):
@@ -200,13 +206,14 @@ class Panel:
         self.error = ""                  # the ConfigError text while the controls are invalid
         self._note = ""                  # why a button did nothing (shown until the next edit)
         self._stopping = None            # the run that Stop was pressed for
+        self._report = ""                # the report file written last (linked until a Train)
         self.run = None                  # the latest Run (Stop and Resume act on it)
         self.runs: List[Any] = []        # one per line on the charts (a resume replaces its run)
         self._initial = _weights_of(model) if reset_weights else None
         self.groups = build_controls(widgets, self.config)
         self.controls = {c.field: c for group in self.groups.values() for c in group}
         self.dashboard = Dashboard(max_points=max_points, interval=interval, height=height,
-                                   show=False)
+                                   show=False, live="widget")
         self._build_layout(widgets)
         for control in self.controls.values():   # after the builder wrote the config's values
             control.on_edit(self._on_change_of(control.field))
@@ -258,6 +265,16 @@ class Panel:
         self.dashboard.add(run, continues=old)
         return run
 
+    def report(self, _button=None) -> Optional[str]:
+        """Write the last ended run's report (`run.report`) to the notebook's folder, as
+        nbtrain-run-N.html; the message links to it. Returns the path."""
+        if self.run is None or self.running:
+            return None
+        label = self.dashboard.slot_of(self.run).label
+        self._report = self.run.report(f"nbtrain-{label.replace(' ', '-')}.html")
+        self.dashboard.flush()
+        return self._report
+
     @property
     def running(self) -> bool:
         return self.run is not None and self.run.state in ("created", "running")
@@ -287,13 +304,17 @@ class Panel:
         self.train_button = widgets.Button(description="Train", button_style="success", icon="play")
         self.stop_button = widgets.Button(description="Stop", button_style="danger", icon="stop")
         self.resume_button = widgets.Button(description="Resume", icon="forward")
+        self.report_button = widgets.Button(description="Report", icon="file",
+                                            tooltip="the last run as one HTML file, to share")
         self.train_button.on_click(self.train)
         self.stop_button.on_click(self.stop)
         self.resume_button.on_click(self.resume)
+        self.report_button.on_click(self.report)
         self.status = widgets.HTML(value="")     # state, step/total, samples/s, ETA
         self.message = widgets.HTML(value="")    # why a button did nothing, pending settings
         self.resolved = widgets.HTML(value="")   # what "auto" became, and why
-        buttons = widgets.HBox([self.train_button, self.stop_button, self.resume_button])
+        buttons = widgets.HBox([self.train_button, self.stop_button, self.resume_button,
+                                self.report_button])
         side = widgets.VBox([buttons, self.status, self.message, self.resolved],
                             layout=widgets.Layout(padding="0 0 0 1em", width="44%"))
         self.widget = widgets.VBox([widgets.HBox([tabs, side]), self.dashboard.widget])
@@ -368,7 +389,7 @@ class Panel:
             self._note = f"could not start: {exc}"
             self.dashboard.flush()
             return None
-        self.run, self._note = run, ""
+        self.run, self._note, self._report = run, "", ""
         return run
 
     def _refresh(self) -> None:
@@ -385,6 +406,10 @@ class Panel:
     def _message_html(self) -> str:
         if self._note:
             return f"<span style='{ERROR_STYLE}'>{html.escape(self._note, quote=False)}</span>"
+        if self._report and not self.running:
+            path = html.escape(self._report)
+            return (f"<span style='font-size:12px'>report: <a href='{path}' target='_blank'>"
+                    f"{path}</a></span>")
         stopping = self.running and self._stopping is self.run
         text = "stopping at the next step..." if stopping else self._pending_text()
         return f"<span style='color:#555;font-size:12px'>{html.escape(text)}</span>" if text else ""
@@ -394,6 +419,7 @@ class Panel:
         self.stop_button.disabled = not self.running
         self.resume_button.disabled = self.running or bool(self.error) or self.run is None \
             or self.run.state not in ("stopped", "interrupted")
+        self.report_button.disabled = self.running or self.run is None
 
     def status_text(self) -> str:
         """e.g. 'running · step 120/1,000 · 5,321 samples/s · ETA 0:12'."""
@@ -404,7 +430,7 @@ class Panel:
         parts = [run.state, f"step {run.step:,}/{total}"]
         last = next((r for r in reversed(run.history) if r.get("kind") == "train"), None)
         if last is not None:
-            parts.append(f"{last['samples_per_s']:,.0f} samples/s")
+            parts.append(f"{self._rate(run, last):,.0f} samples/s")
             if run.state == "running" and run.total_steps and last.get("steps_per_s"):
                 parts.append(f"ETA {_duration((run.total_steps - run.step) / last['steps_per_s'])}")
         if run.state == "failed" and run.error is not None:
@@ -412,6 +438,13 @@ class Panel:
         elif run.message:
             parts.append(run.message)
         return " · ".join(parts)
+
+    def _rate(self, run, last: dict) -> float:
+        """Live: the last interval's rate (what the toggles do now). Ended: the whole run's,
+        as its row in the runs table says (the last interval may be a short tail)."""
+        slot = self.dashboard.slot_of(run)
+        return last["samples_per_s"] if run.state == "running" or slot is None \
+            else slot.samples_per_s
 
 
 # -- helpers ----------------------------------------------------------------------------------

@@ -200,6 +200,11 @@ class Run:
         from .checkpoint import save
         return save(self.checkpoint(), path)
 
+    def report(self, path) -> str:
+        """One self-contained HTML file: charts, summary, settings and why (nbtrain.export)."""
+        from .export import run_report
+        return run_report(self, path)
+
     def __repr__(self) -> str:
         total = self.total_steps if self.total_steps is not None else "?"
         last = self.records("train")[-1:] or [{}]

@@ -58,13 +58,65 @@ SHAPES = {"constant": _constant, "linear": _linear, "cosine": _cosine, "step": _
           "plateau": _constant}
 
 
-def lr_at(cfg: TrainConfig, step: int, total_steps: int, base_lr: float) -> float:
-    """The LR for optimizer step `step` (0-based): linear warmup, then the schedule."""
+def lr_at(cfg: TrainConfig, step: int, total_steps: int, base_lr: float,
+          shape=None) -> float:
+    """The LR for optimizer step `step` (0-based): linear warmup, then the schedule
+    (`shape`, for a scheduler factory: see `_torch_shape`)."""
     if step < cfg.warmup_steps:
         return base_lr * (step + 1) / cfg.warmup_steps
     after = step - cfg.warmup_steps
     remaining = max(1, total_steps - cfg.warmup_steps)
-    return SHAPES[cfg.scheduler](cfg, after, remaining, base_lr)
+    return (shape or SHAPES[cfg.scheduler])(cfg, after, remaining, base_lr)
+
+
+def _torch_shape(cfg: TrainConfig, total_steps: int):
+    """A shape for `lr_at` from the user's scheduler factory (optimizer -> torch scheduler).
+
+    The rates are found once, by stepping the scheduler once per optimizer step on a
+    throwaway optimizer like the run's (over one dummy parameter): the run's optimizer is
+    never touched, so the LR stays a pure function of the step (preview, resume, set_lr
+    work as for the named schedules). Only the LR is taken: a scheduler that also cycles
+    momentum (OneCycleLR, CyclicLR) has its momentum left alone.
+    """
+    steps = max(1, total_steps - cfg.warmup_steps)
+    rates = _stepped_rates(cfg, steps)
+
+    def shape(cfg, t, n, base):
+        return rates[min(t, len(rates) - 1)] * base / cfg.lr   # set_lr scales the whole curve
+    return shape
+
+
+def _stepped_rates(cfg: TrainConfig, steps: int) -> List[float]:
+    import torch
+    from .config import ConfigError
+    from .optim import build_optimizer
+    optimizer = build_optimizer(torch.nn.Linear(1, 1), cfg.replace(optimizer_impl="auto"),
+                                "for-loop")
+    try:
+        scheduler = cfg.scheduler(optimizer)
+    except Exception as exc:
+        raise ConfigError(f"TrainConfig.scheduler={cfg.scheduler!r} failed on a "
+                          f"{type(optimizer).__name__} ({type(exc).__name__}: {exc}). It is "
+                          "given the run's optimizer: fit it to that optimizer.",
+                          field="scheduler") from exc
+    if not callable(getattr(scheduler, "get_last_lr", None)) \
+            or isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        raise ConfigError(f"TrainConfig.scheduler={cfg.scheduler!r} made a "
+                          f"{type(scheduler).__name__}, not a step-driven torch LR scheduler: "
+                          "use scheduler='plateau' for ReduceLROnPlateau, or return a "
+                          "torch.optim.lr_scheduler.LRScheduler.", field="scheduler")
+    rates = []
+    try:
+        for _ in range(steps):
+            rates.append(scheduler.get_last_lr()[0])
+            optimizer.step()   # no gradients: a no-op, but schedulers warn when it is skipped
+            scheduler.step()
+    except Exception as exc:
+        raise ConfigError(f"TrainConfig.scheduler={cfg.scheduler!r} failed at step "
+                          f"{len(rates)} of {steps} ({type(exc).__name__}: {exc}). It is "
+                          "stepped once per optimizer step: size it for the run's steps.",
+                          field="scheduler") from exc
+    return rates
 
 
 class Schedule:
@@ -77,9 +129,11 @@ class Schedule:
         self.plateau_scale = 1.0
         self.best = math.inf
         self.bad_epochs = 0
+        self.shape = _torch_shape(cfg, total_steps) if callable(cfg.scheduler) else None
 
     def lr(self, step: int) -> float:
-        return lr_at(self.cfg, step, self.total_steps, self.base_lr) * self.plateau_scale
+        return lr_at(self.cfg, step, self.total_steps, self.base_lr,
+                     self.shape) * self.plateau_scale
 
     def on_validation(self, val_loss: float) -> None:
         """Plateau only: cut the LR after `plateau_patience` epochs without improvement."""

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from .devices import available_cores
+from .devices import available_cores, cpu_bf16_feature, gpu_has_bf16
 from .flops import percent
 
 
@@ -367,8 +367,9 @@ def _mfu_diagnosis(mfu: float, resolved: dict) -> str:
 
 
 def _near_peak_tip(resolved: dict) -> str:
-    if _value(resolved, "amp") == "off":   # the peak itself is higher at bf16
-        return " for fp32 - amp=bf16 raises the ceiling where the device has bf16 units"
+    amp = _amp_to_try(resolved)
+    if amp:   # the peak itself is higher at half precision
+        return f" for fp32 - amp={amp} raises the ceiling"
     return " - only less work (a smaller model, fewer steps) makes it faster"
 
 
@@ -391,12 +392,23 @@ def _input_fixes(resolved: dict) -> str:
 
 
 def _compute_fixes(resolved: dict) -> str:
-    tips = []
-    amp, why = resolved.get("amp", (None, ""))
-    if amp == "off" and "measured" not in why:   # not when bf16 was measured slower here
-        tips.append("amp=bf16")
+    amp = _amp_to_try(resolved)
+    tips = [f"amp={amp}"] if amp else []
     tips += ["channels_last=True (conv nets)", "compile=True", "a larger batch_size"]
     return " / ".join(tips)
+
+
+def _amp_to_try(resolved: dict) -> Optional[str]:
+    """The autocast this machine runs fast, for a run without one; None where "auto"
+    found none (a CPU without bf16 units, MPS) or measured bf16 slower on this model,
+    so the advice never contradicts the reason shown beside amp."""
+    amp, why = resolved.get("amp", (None, ""))
+    if amp != "off" or "measured" in why:
+        return None
+    device = torch.device(str(_value(resolved, "device", "cpu")))
+    if device.type == "cuda":
+        return "bf16" if gpu_has_bf16(device) else "fp16"
+    return "bf16" if device.type == "cpu" and cpu_bf16_feature() else None
 
 
 # -- bounded history ------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from ..config import ConfigError, TrainConfig
 from ..devices import available_cores
 from .batches import (ByValue, EpochBatchSampler, GivenLoader, LoaderBatches, TensorBatches,
                       as_tensors, describe_bad_sample)
-from .nested import map_tensors
+from .nested import map_leaves
 
 __all__ = ["make_batches", "make_mover", "first_batch", "describe_bad_sample", "TensorBatches",
            "pack_lmdb", "LMDBDataset", "pack_tfrecord", "TFRecordDataset", "prefetch_to_device"]
@@ -197,14 +197,18 @@ def make_mover(device: torch.device, pinned: bool, resident: bool,
         return _identity
     non_blocking = pinned   # only a copy from pinned memory can be asynchronous
 
-    def to_device(tensor: torch.Tensor) -> torch.Tensor:
-        tensor = tensor.to(device, non_blocking=non_blocking)
-        if channels_last and tensor.dim() == 4:
-            tensor = tensor.contiguous(memory_format=torch.channels_last)
-        return tensor
+    def to_device(leaf):
+        if not isinstance(leaf, torch.Tensor):
+            # an object that moves itself (a graph, a user's batch class); strings and
+            # numbers stay as they are
+            return leaf.to(device) if callable(getattr(leaf, "to", None)) else leaf
+        leaf = leaf.to(device, non_blocking=non_blocking)
+        if channels_last and leaf.dim() == 4:
+            leaf = leaf.contiguous(memory_format=torch.channels_last)
+        return leaf
 
     def move(batch):
-        return map_tensors(to_device, batch)
+        return map_leaves(to_device, batch)
     return move
 
 

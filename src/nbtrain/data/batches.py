@@ -190,7 +190,7 @@ def describe_bad_sample(dataset, indices: List[int]) -> Optional[str]:
     signatures = {}
     for i in indices:
         try:
-            signatures[i] = structure(dataset[i], _leaf_signature)
+            signatures[i] = signature_of(dataset[i])
         except Exception as exc:
             return f"sample {i} raised {type(exc).__name__}: {shortened(str(exc))}"
     first = signatures[indices[0]]
@@ -198,6 +198,11 @@ def describe_bad_sample(dataset, indices: List[int]) -> Optional[str]:
         if sig != first:
             return f"sample {i} has {_describe(sig)} but sample {indices[0]} has {_describe(first)}"
     return None
+
+
+def signature_of(sample):
+    """A comparable summary of a sample: each tensor's shape and dtype, other leaves' types."""
+    return structure(sample, _leaf_signature)
 
 
 def _leaf_signature(leaf):
@@ -208,7 +213,7 @@ def _leaf_signature(leaf):
 
 def describe_batch(batch) -> str:
     """A batch's structure and shapes, e.g. '(a tensor of shape (32, 8) (float32), ...)'."""
-    return _describe(structure(batch, _leaf_signature))
+    return _describe(signature_of(batch))
 
 
 def _describe(sig) -> str:

@@ -1,12 +1,14 @@
-"""Walking a nested batch: a tensor, or tuples, lists and dicts of them, nested.
+"""Walking a nested batch: a tensor, or tuples, lists and mappings of them, nested.
 
 Every place that looks inside a batch (moving it to the device, marking it used on a
 CUDA stream, describing a bad sample, counting a batch's samples) goes through here,
-so they all agree on what a batch may hold. Anything else in a batch (a string, a
+so they all agree on what a batch may hold. Any `collections.abc.Mapping` counts as a
+mapping (a dict, transformers' BatchEncoding). Anything else in a batch (a string, a
 number, None) is a leaf, passed on as it is.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Callable, List
 
 import torch
@@ -14,22 +16,26 @@ import torch
 
 def _rebuild(batch, leaf: Callable, sequence: Callable, mapping: Callable):
     """The one recursion: `leaf(x)` for each leaf, then `sequence(original, parts)` puts a
-    tuple's or list's parts back together and `mapping(pairs)` a dict's (key, part)s."""
+    tuple's or list's parts back together and `mapping(pairs)` a mapping's (key, part)s."""
     if isinstance(batch, (tuple, list)):
         return sequence(batch, [_rebuild(b, leaf, sequence, mapping) for b in batch])
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):
         return mapping([(k, _rebuild(v, leaf, sequence, mapping)) for k, v in batch.items()])
     return leaf(batch)
 
 
 def map_tensors(fn: Callable, batch):
-    """`batch` with `fn(t)` for each tensor `t`: tuples and lists keep their type, a dict
-    becomes a plain dict, other leaves stay as they are.
+    """`batch` with `fn(t)` for each tensor `t`: tuples and lists keep their type, a
+    mapping becomes a plain dict, other leaves stay as they are.
 
     >>> map_tensors(lambda t: t.to("cuda"), {"x": x, "y": [y, "label"]})
     """
-    return _rebuild(batch, lambda x: fn(x) if isinstance(x, torch.Tensor) else x,
-                    lambda seq, parts: type(seq)(parts), dict)
+    return map_leaves(lambda x: fn(x) if isinstance(x, torch.Tensor) else x, batch)
+
+
+def map_leaves(fn: Callable, batch):
+    """`batch` with `fn(x)` for every leaf `x`, tensor or not, rebuilt as map_tensors does."""
+    return _rebuild(batch, fn, lambda seq, parts: type(seq)(parts), dict)
 
 
 def tensors(batch) -> List[torch.Tensor]:
@@ -41,16 +47,14 @@ def tensors(batch) -> List[torch.Tensor]:
 
 def structure(batch, leaf: Callable):
     """A comparable summary of `batch`: `leaf(x)` for each leaf, a tuple for a tuple or a
-    list alike, a dict as its (key, summary) pairs sorted by key (so key order does not
+    list alike, a mapping as its (key, summary) pairs sorted by key (so key order does not
     count)."""
     return _rebuild(batch, leaf, lambda _, parts: tuple(parts), lambda pairs: tuple(sorted(pairs)))
 
 
 def batch_len(batch) -> int:
     """Samples in a batch: the length of its first tensor (the first element of tuples and
-    lists, then the first value of a dict)."""
-    while isinstance(batch, (tuple, list)):
-        batch = batch[0]
-    if isinstance(batch, dict):
-        batch = next(iter(batch.values()))
+    lists, the first value of a mapping, as deep as they nest)."""
+    while isinstance(batch, (tuple, list, Mapping)):
+        batch = next(iter(batch.values())) if isinstance(batch, Mapping) else batch[0]
     return len(batch)
