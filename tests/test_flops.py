@@ -166,3 +166,16 @@ def test_merged_records_keep_the_flops_rate_of_their_time():
     merged = merge(a, b)
     assert merged["tflops"] == pytest.approx((2.0 * 1 + 6.0 * 3) / 4)
     assert merged["mfu"] == pytest.approx((0.2 * 1 + 0.6 * 3) / 4)
+
+
+def test_the_dashboard_table_shows_the_last_mfu(blobs, monkeypatch):
+    pytest.importorskip("plotly")
+    from nbtrain import dashboard
+    monkeypatch.setattr(flops, "peak_tflops", lambda device, prec, threads: (1e-3, "a test peak"))
+    run = nt.fit(mlp(), blobs, F.cross_entropy, config=quick(max_steps=10), progress=False)
+    slot = dashboard.Slot("a", "#000", run, dashboard.Decimated(dashboard.TRAIN_FIELDS),
+                          dashboard.Decimated(dashboard.VAL_FIELDS))
+    for record in run.history:
+        slot.take(record)
+    row = dict(zip(dashboard.TABLE_HEAD, dashboard._table_row(slot)))
+    assert row["MFU"] == f"{run.records('train')[-1]['mfu']:.1%}"
