@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU check in one call to the GPU machine (about 5 minutes), e.g. from the device
+# Every GPU check in one call to the GPU machine (about 6 minutes), e.g. from the device
 # tool:   bash bench/gpu.sh
 # That machine's python3 already has torch with CUDA, pytest, numpy, psutil, tqdm,
 # scikit-learn, joblib and cloudpickle; nbtrain runs from src/ without an install, and the
@@ -13,3 +13,4 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
 python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" -k "not lmdb" \
     tests/test_cuda.py tests/test_data.py tests/test_gpu_bench.py 2>&1 | tee "$out/tests.log"
 python3 bench/gpu.py 2>&1 | tee "$out/gpu.md"
+python3 bench/gpu_mfu.py 2>&1 | tee "$out/mfu.md"   # bf16 MFU against the table peak (issue 17)

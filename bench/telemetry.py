@@ -4,7 +4,9 @@
 
 The MLP case of bench/overhead.py (64-128-10, 8,192x64, batch 64, one epoch); with
 log_every=10 (the default) and log_every=1 (a record every step, the worst case).
-Target (issue 4): telemetry on costs at most 2% more time per step.
+Target (issue 4): telemetry on costs at most 2% more time per step; issue 17: still so with
+count_flops on (its FLOP count and peak run once per fit, cached; each record adds tflops/mfu).
+The baseline has both off.
 """
 from __future__ import annotations
 
@@ -36,17 +38,21 @@ def main(argv=None):
     x, y = torch.randn(8192, 64, generator=gen), torch.randint(0, 10, (8192,), generator=gen)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"median of {args.repeats} interleaved epochs\n")
-    print("| log_every | telemetry off ms/step | on ms/step | on / off |\n|---:|---:|---:|---:|")
+    arms = {"off": dict(telemetry=False, count_flops=False),
+            "on": dict(telemetry=True, count_flops=False),
+            "on + count_flops": dict(telemetry=True, count_flops=True)}
+    print("| log_every | off ms/step | on ms/step | on / off | on + count_flops ms/step | "
+          "/ off |\n|---:|---:|---:|---:|---:|---:|")
     for log_every in (10, 1):
-        times = {False: [], True: []}
-        for telemetry in (False, True):
-            epoch_time(x, y, telemetry=telemetry, log_every=log_every)   # warm-up
+        times = {name: [] for name in arms}
+        for settings in arms.values():
+            epoch_time(x, y, log_every=log_every, **settings)   # warm-up (and the FLOP count)
         for _ in range(args.repeats):
-            for telemetry in (False, True):
-                times[telemetry].append(epoch_time(x, y, telemetry=telemetry, log_every=log_every))
-        off, on = statistics.median(times[False]), statistics.median(times[True])
-        print(f"| {log_every} | {off * 1e3:.3f} | {on * 1e3:.3f} | {on / off:.3f}x |", flush=True)
-
+            for name, settings in arms.items():
+                times[name].append(epoch_time(x, y, log_every=log_every, **settings))
+        off, on, flops = (statistics.median(times[name]) for name in arms)
+        print(f"| {log_every} | {off * 1e3:.3f} | {on * 1e3:.3f} | {on / off:.3f}x | "
+              f"{flops * 1e3:.3f} | {flops / off:.3f}x |", flush=True)
 
 if __name__ == "__main__":
     main()

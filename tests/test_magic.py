@@ -195,6 +195,7 @@ OPTIONS = [
     ("--plateau-factor 0.5", dict(plateau_factor=0.5)),
     ("--on-nan skip", dict(on_nan="skip")),
     ("--no-telemetry", dict(telemetry=False)),
+    ("--no-count-flops", dict(count_flops=False)),
     ("--history-limit 100", dict(history_limit=100)),
     ("--release-previous", dict(release_previous=True)),
     ("--checkpoint-dir ckpts --checkpoint-every 5",
@@ -454,7 +455,9 @@ class Interrupting(nn.Module):
 
 def test_interrupt_leaves_a_run_ready_to_resume(ip, capsys):
     ip.push({"Interrupting": Interrupting})
-    result = ip.run_cell("%%fasttrain --max-steps 8 --device cpu --amp off --lr 0.01 --log-every 1\n"
+    # --no-count-flops: the FLOP count's forward would be the model's first call
+    result = ip.run_cell("%%fasttrain --max-steps 8 --device cpu --amp off --lr 0.01 --log-every 1 "
+                         "--no-count-flops\n"
                          + CELL.replace("nn.Linear(8, 3)", "Interrupting(at=4)"))
     assert result.success
     run = ip.user_ns["run"]
@@ -483,7 +486,7 @@ class SendsSigint(Interrupting):
 
 def test_kernel_interrupt_stops_at_the_step_boundary(ip, capsys):
     ip.push({"SendsSigint": SendsSigint})
-    result = ip.run_cell("%%fasttrain --max-steps 8 --device cpu --amp off\n"
+    result = ip.run_cell("%%fasttrain --max-steps 8 --device cpu --amp off --no-count-flops\n"
                          + CELL.replace("nn.Linear(8, 3)", "SendsSigint(at=3)"))
     assert result.success
     run = ip.user_ns["run"]

@@ -80,16 +80,16 @@ def test_release_frees_what_the_failed_steps_frames_hold(blobs):
 
     def failing_loss(out, target):
         scratch = torch.zeros(1000, 1000)   # like a step's activations: only a local holds it
-        held.append(weakref.ref(scratch))
+        held.append(weakref.ref(scratch))   # the FLOP count's call first, then the step's
         raise RuntimeError("boom")
     with pytest.raises(nt.TrainingError, match="boom") as info:
         nt.fit(mlp(), blobs, failing_loss, config=quick(max_steps=3), progress=False)
     run = info.value.run
     gc.collect()
-    assert held[0]() is not None   # kept by the error's traceback: %debug still sees it
+    assert held[-1]() is not None   # kept by the error's traceback: %debug still sees it
     release(run)
     gc.collect()
-    assert held[0]() is None
+    assert held[-1]() is None
     assert run.error is not None and "boom" in str(run.error)
 
 

@@ -12,12 +12,13 @@ from .config import ConfigError, TrainConfig
 from .loop import fit
 from .lr_find import lr_find
 from .memory import max_batch_size
+from .profiling import profile
 from .run import Run, TrainingError
 from .schedule import schedule_preview
 
 __version__ = "0.1.0"
 __all__ = ["TrainConfig", "ConfigError", "fit", "Run", "TrainingError", "schedule_preview",
-           "max_batch_size", "compare", "lr_find", "autotune",
+           "max_batch_size", "compare", "lr_find", "autotune", "profile",
            "datasets", "data", "load_ipython_extension", "unload_ipython_extension",
            "Panel", "Dashboard"]
 

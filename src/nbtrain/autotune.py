@@ -33,7 +33,7 @@ from .config import SETTINGS, TrainConfig, as_config
 from .data.batches import as_tensors
 from .devices import available_cores, cpu_bf16_feature, gpu_has_bf16, resolve_device
 from .display import display_with_figure
-from .files import atomic_write
+from .files import atomic_write, cache_dir
 from .loop import fit
 from .models import fresh_model
 from .tables import html_table, text_table
@@ -558,14 +558,6 @@ class Tuning:
 
 
 # -- the cache ---------------------------------------------------------------------------------
-def cache_dir() -> Path:
-    """$NBTRAIN_CACHE_DIR, else $XDG_CACHE_HOME/nbtrain, else ~/.cache/nbtrain."""
-    if os.environ.get("NBTRAIN_CACHE_DIR"):
-        return Path(os.environ["NBTRAIN_CACHE_DIR"])
-    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(root) / "nbtrain"
-
-
 def cache_key(model: torch.nn.Module, data, kind: str, base: TrainConfig,
               device: torch.device, space) -> tuple:
     """(key, what it was made of): the same model, data shape, machine and settings."""

@@ -217,6 +217,9 @@ class TrainConfig:
                              speed=False, label="log every (steps)")
     telemetry: bool = setting(True, Flag(), "bookkeeping",
                               "time split, memory and diagnosis in each record")
+    count_flops: bool = setting(True, Flag(), "bookkeeping",
+                                "FLOPs per step and the device's peak, for TFLOP/s and MFU",
+                                speed=False, label="count FLOPs (MFU)")
     history_limit: int = setting(5000, Whole(10), "bookkeeping",
                                  "records kept; older ones are merged beyond this many",
                                  label="history limit")

@@ -741,11 +741,12 @@ def _table_row(slot: Slot) -> List[str]:
     last, val = slot.last_train or {}, slot.last_val or {}
     return [f'<span style="color:{slot.color}">&#9632;</span>&nbsp;{html.escape(slot.label)}',
             html.escape(_settings_text(run)), html.escape(run.state), f"{run.step}/{total}",
-            formatted(slot.samples_per_s, ",.0f"), peak, formatted(last.get("loss"), ".4g"),
+            formatted(slot.samples_per_s, ",.0f"), formatted(last.get("mfu"), ".1%"),   # flops.py
+            peak, formatted(last.get("loss"), ".4g"),
             formatted(val.get("val_loss"), ".4g"), formatted(val.get("val_acc"), ".1%")]
 
 
-TABLE_HEAD = ("run", "settings", "state", "steps", "samples/s", "peak memory MB",
+TABLE_HEAD = ("run", "settings", "state", "steps", "samples/s", "MFU", "peak memory MB",
               "final loss", "val loss", "val acc")
 
 

@@ -143,6 +143,19 @@ def measure_bf16_speedup(step, reps: int = 3) -> float:
     return best["off"] / best["bf16"]
 
 
+@contextlib.contextmanager
+def intra_op_threads(threads: int):
+    """torch's thread count for the run, then the notebook's again (it is process-wide)."""
+    before = torch.get_num_threads()
+    if threads != before:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
 def available_cores() -> int:
     """CPUs this process may use: its affinity mask and any cgroup CPU quota (Docker,
     Kubernetes, Binder), which `os.cpu_count()` ignores. joblib (a scikit-learn

@@ -56,3 +56,12 @@ def _alive(pid: int) -> bool:
     except PermissionError:   # exists, but another user's
         return True
     return True
+
+
+def cache_dir() -> Path:
+    """Where nbtrain caches measurements (autotune's answers, a machine's peak FLOP/s):
+    $NBTRAIN_CACHE_DIR, else $XDG_CACHE_HOME/nbtrain, else ~/.cache/nbtrain."""
+    if os.environ.get("NBTRAIN_CACHE_DIR"):
+        return Path(os.environ["NBTRAIN_CACHE_DIR"])
+    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(root) / "nbtrain"

@@ -19,14 +19,15 @@ from typing import Callable, Optional
 import torch
 
 from . import checkpoint as ckpt
+from . import flops
 from .config import ConfigError, TrainConfig, as_config
 from .data import (describe_bad_sample, first_batch, make_batches, make_mover,
                    prefetch_to_device, resolve_prefetch)
 from .data.batches import describe_batch, shortened, signature_of
 from .data.culprit import worker_died
 from .data.nested import batch_len
-from .devices import (autocast_context, cpu_bf16_choice, resolve_amp, resolve_device,
-                      resolve_threads)
+from .devices import (autocast_context, cpu_bf16_choice, intra_op_threads, resolve_amp,
+                      resolve_device, resolve_threads)
 from .losses import outputs_and_loss
 from .memory import checkpointed_forward, leaves_no_trace, release
 from .optim import build_optimizer, resolve_impl
@@ -207,6 +208,9 @@ def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Setup:
         run.resolved["amp"] = cpu_bf16_choice(lambda amp: _probe_step(model, setup, amp),
                                               key=_architecture(model, batches))
         setup.amp = run.resolved["amp"][0]
+    if cfg.count_flops:   # after amp: FLOPs and the peak are the run's precision's
+        run.resolved.update(flops.resolve(model, loss_fn, lambda: setup.move(first_batch(
+            setup.batches)), setup.amp, device, cfg.grad_accum_steps, run.resolved["num_threads"][0]))
     run.model = model
     run.optimizer = build_optimizer(model, cfg, run.resolved["optimizer_impl"][0])
     run.schedule = Schedule(cfg, run.total_steps)
@@ -305,7 +309,7 @@ def _train_safely(run: Run, setup: Setup) -> None:
     run.state = "running"
     mid_step = False   # ended inside a step: resume from its boundary, RNG included
     try:
-        with _current_device(setup.device), _intra_op_threads(run.resolved["num_threads"][0]):
+        with _current_device(setup.device), intra_op_threads(run.resolved["num_threads"][0]):
             _train(run, setup)
         run.state = "interrupted" if run.interrupted else (
             "stopped" if run.stop_requested or run.message else "finished")
@@ -328,19 +332,6 @@ def _current_device(device: torch.device):
     """Make `device` this thread's current CUDA device: a background thread starts on
     device 0, and streams, events and kernels without a device go to the current one."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-
-
-@contextlib.contextmanager
-def _intra_op_threads(threads: int):
-    """torch's thread count for the run, then the notebook's again (it is process-wide)."""
-    before = torch.get_num_threads()
-    if threads != before:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        if torch.get_num_threads() != before:
-            torch.set_num_threads(before)
 
 
 def _train(run: Run, setup: Setup) -> None:
@@ -500,6 +491,7 @@ def _flush(run: Run, interval: Interval) -> None:
 def _emit_train(run: Run, record: Optional[dict], timed: bool) -> None:
     if record is None:
         return
+    record.update(flops.rate_fields(record, run.resolved))
     if timed:
         record["diagnosis"] = diagnose(record, run.resolved)
     run.emit(record)

@@ -175,9 +175,14 @@ def max_batch_size(model: torch.nn.Module, train_data, loss_fn: Optional[Callabl
 
 @contextlib.contextmanager
 def leaves_no_trace(model: torch.nn.Module):
-    """A trial forward/backward that changes nothing: no gradients left, buffers (e.g.
-    BatchNorm statistics) and the RNG (dropout) as they were."""
+    """A trial forward/backward that changes nothing: gradients, buffers (e.g. BatchNorm
+    statistics) and the RNG (dropout) as they were."""
     buffers = [b.detach().clone() for b in model.buffers()]
+    # gradients already there (a backward the caller ran) are set aside, not added to:
+    # backward accumulates into an existing .grad in place
+    params = list(model.parameters())
+    grads = [p.grad for p in params]
+    model.zero_grad(set_to_none=True)
     # dropout on a GPU draws from that GPU's generator; devices=[] forks only the CPU's
     # (and never initializes CUDA for a CPU model)
     cuda = sorted({t.device.index for t in itertools.chain(model.parameters(), model.buffers())
@@ -186,7 +191,8 @@ def leaves_no_trace(model: torch.nn.Module):
         with torch.random.fork_rng(devices=cuda, device_type="cuda"):
             yield
     finally:
-        model.zero_grad(set_to_none=True)
+        for p, grad in zip(params, grads):
+            p.grad = grad
         with torch.no_grad():
             for saved, buf in zip(buffers, model.buffers()):
                 buf.copy_(saved)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+from .flops import percent, rate_fields
 from .tables import plain
 
 
@@ -30,6 +31,9 @@ def summarize(run) -> dict:
         "settings": {name: value for name, (value, _) in run.resolved.items()},
         "reasons": {name: why for name, (_, why) in run.resolved.items()},
     }
+    if busy:   # the run's whole FLOPs over its whole time (empty when not counted)
+        out.update(rate_fields({"steps": sum(r["steps"] for r in train), "interval_s": busy},
+                               run.resolved))
     if train and "copy_s" in train[-1]:
         from .telemetry import diagnose
         out["diagnosis"] = diagnose(out, run.resolved)
@@ -51,6 +55,9 @@ def summary_table(run) -> str:
     for key, label in (("val_loss", "val loss"), ("val_acc", "val accuracy")):
         if key in s:
             rows.append((label, plain(s[key])))
+    if "tflops" in s:
+        rows.append(("compute rate", f"{s['tflops']:.3g} TFLOP/s" + (
+            f", {percent(s['mfu'])} MFU" if "mfu" in s else "")))
     if "diagnosis" in s:
         rows.append(("time split", f"data wait {s['data_wait_frac']:.0%}, copy "
                                    f"{s['copy_frac']:.0%}, compute {s['compute_frac']:.0%}"))

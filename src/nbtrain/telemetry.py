@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 
 from .devices import available_cores, cpu_bf16_feature, gpu_has_bf16
+from .flops import percent
 
 
 class HostTimer:
@@ -331,6 +332,11 @@ def nvml_fields(device: torch.device) -> dict:
 
 # -- diagnosis ------------------------------------------------------------------------------
 INPUT_BOUND = 0.25     # a quarter of the step waiting for data is worth fixing first
+# MFU bands (see flops.py). Large dense models reach 40-60% on GPUs (PaLM: 46%; nanoGPT's
+# GPT-2 on A100s about 50%); a step far below that spends its time launching small kernels
+# and in elementwise ops, which more work per kernel (batch) or fusion (compile) fixes.
+LAUNCH_BOUND_MFU = 0.2
+NEAR_PEAK_MFU = 0.5
 
 
 def diagnose(fractions: dict, resolved: dict) -> str:
@@ -344,8 +350,27 @@ def diagnose(fractions: dict, resolved: dict) -> str:
         return (f"copy-bound: {copy:.0%} of each step copied batches to the device - try "
                 "data_on_device=True or pin_memory=True")
     compute = fractions.get("compute_frac", 1.0 - wait - copy)
+    mfu = fractions.get("mfu")
+    if mfu is not None:
+        return _mfu_diagnosis(mfu, resolved)
     return f"compute-bound: {compute:.0%} of each step in forward/backward/update - try " + \
         _compute_fixes(resolved)
+
+
+def _mfu_diagnosis(mfu: float, resolved: dict) -> str:
+    if mfu < LAUNCH_BOUND_MFU:
+        return (f"compute-bound at {percent(mfu)} MFU: the step is launch-bound (too little work "
+                "per kernel) - try a larger batch_size or compile=True")
+    if mfu >= NEAR_PEAK_MFU:
+        return f"compute-bound at {percent(mfu)} MFU: near the hardware" + _near_peak_tip(resolved)
+    return f"compute-bound at {percent(mfu)} MFU - try " + _compute_fixes(resolved)
+
+
+def _near_peak_tip(resolved: dict) -> str:
+    amp = _amp_to_try(resolved)
+    if amp:   # the peak itself is higher at half precision
+        return f" for fp32 - amp={amp} raises the ceiling"
+    return " - only less work (a smaller model, fewer steps) makes it faster"
 
 
 def _value(resolved: dict, name: str, default=None):
@@ -389,7 +414,7 @@ def _amp_to_try(resolved: dict) -> Optional[str]:
 # -- bounded history ------------------------------------------------------------------------
 _SUMMED = ("samples", "steps", "interval_s", "skipped_steps")
 _PER_STEP = ("loss", "data_wait_s", "copy_s", "compute_s")
-_PER_SECOND = ("data_wait_frac", "copy_frac", "compute_frac")
+_PER_SECOND = ("data_wait_frac", "copy_frac", "compute_frac", "tflops", "mfu")
 _PEAKS = ("peak_rss_mb", "cuda_peak_allocated_mb")
 
 

@@ -1,0 +1,260 @@
+"""How close a run comes to the hardware: FLOPs per step, the device's peak, and MFU.
+
+MFU (model FLOPs utilisation, PaLM, Chowdhery et al. 2022, appendix B) is the FLOP/s a
+run achieves divided by the peak FLOP/s of the device at the run's precision. Both
+sides are measured here, once per run, before step 1:
+
+- FLOPs per step: one forward and backward on the run's first batch under
+  `torch.utils.flop_counter.FlopCounterMode`, at the run's precision, leaving no trace
+  (no gradients, buffers and RNG as they were). Cached per architecture and batch shape,
+  so re-running a cell costs nothing.
+  Counted: matrix multiplies (Linear, matmul, bmm, einsum that lowers to them),
+  convolutions and their transposes, and attention through
+  `F.scaled_dot_product_attention` (its matmuls, forward and backward). A multiply-add
+  is 2 FLOPs. Not counted: elementwise ops (activations, residual adds, bias adds),
+  norms, softmax outside SDPA, embeddings (a gather), the loss, the optimizer's update,
+  and the forward that `activation_checkpointing` recomputes (model FLOPs, not hardware
+  FLOPs, as MFU is defined). These cost memory bandwidth rather than FLOPs, so a run
+  dominated by them reads a low MFU, which is what MFU is for.
+- Peak FLOP/s: for GPUs nbtrain knows (`GPU_PEAKS`, each figure from its vendor's
+  datasheet), the dense tensor-core figure at the run's precision; for CPUs and other
+  GPUs, a short GEMM probe at the run's dtype (a few large matmuls, the median), cached
+  per machine under `files.cache_dir()`.
+
+Both land in `run.resolved` with where they came from; each train record then carries
+`tflops` (achieved) and `mfu` (`rate_fields`).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import platform
+import re
+import statistics
+import time
+from typing import NamedTuple, Optional
+
+import torch
+
+from .data.nested import structure
+from .devices import autocast_context, intra_op_threads
+from .files import atomic_write, cache_dir
+from .losses import outputs_and_loss
+from .memory import leaves_no_trace
+
+COUNTED = "matmuls, convolutions and SDPA attention, forward and backward"
+
+
+# -- FLOPs per step ---------------------------------------------------------------------------
+_COUNTS: dict = {}   # (architecture, batch shapes, precision) -> FLOPs of one forward+backward
+
+
+def count_flops(model: torch.nn.Module, loss_fn, batch, amp: str, device: torch.device) -> int:
+    """FLOPs of one forward and backward of `model` on `batch` (see the module's note)."""
+    key = (architecture(model), structure(batch, _shape), getattr(loss_fn, "__qualname__",
+                                                                   repr(loss_fn)), amp)
+    if key not in _COUNTS:
+        from torch.utils.flop_counter import FlopCounterMode
+        with leaves_no_trace(model), FlopCounterMode(display=False) as counter:
+            with autocast_context(amp, device):
+                _, loss = outputs_and_loss(model, loss_fn, batch)
+            loss.backward()
+        _COUNTS[key] = counter.get_total_flops()
+    return _COUNTS[key]
+
+
+def architecture(model: torch.nn.Module) -> tuple:
+    """What a count depends on besides the batch: the layers, the parameters' shapes and
+    which of them train (a frozen layer has no weight gradient to compute)."""
+    return repr(model), tuple((tuple(p.shape), p.dtype, p.requires_grad)
+                              for p in model.parameters())
+
+
+def _shape(leaf):
+    return (tuple(leaf.shape), leaf.dtype) if isinstance(leaf, torch.Tensor) else type(leaf)
+
+
+# -- the peak of the device -------------------------------------------------------------------
+class Peak(NamedTuple):
+    """Dense peak TFLOP/s of a GPU at each precision (None: no such units, probe instead)."""
+    pattern: str         # a regex on torch.cuda.get_device_name
+    capability: tuple
+    bf16: Optional[float]
+    fp16: Optional[float]
+    tf32: Optional[float]
+    fp32: float
+    source: str
+
+
+# Dense figures: datasheets print the tensor-core ones "with sparsity" (marked *), twice the
+# dense rate; those are halved here. More specific names come first ("H100 NVL" before
+# "H100", "L40S" before "L4").
+GPU_PEAKS = (
+    # NVIDIA H200 Tensor Core GPU datasheet (2024), H200 NVL column: BF16/FP16 1,671*, TF32 835*, FP32 60
+    Peak(r"H200 NVL", (9, 0), 835.5, 835.5, 417.5, 60.0, "NVIDIA H200 datasheet, H200 NVL"),
+    # same datasheet, H200 SXM column ("NVIDIA H200"): BF16/FP16 1,979*, TF32 989*, FP32 67
+    Peak(r"H200", (9, 0), 989.5, 989.5, 494.5, 67.0, "NVIDIA H200 datasheet, H200 SXM"),
+    # NVIDIA H100 Tensor Core GPU datasheet (2023), H100 NVL column: BF16/FP16 1,671*, TF32 835*, FP32 60
+    Peak(r"H100 NVL", (9, 0), 835.5, 835.5, 417.5, 60.0, "NVIDIA H100 datasheet, H100 NVL"),
+    # same datasheet, H100 PCIe column: BF16/FP16 1,513*, TF32 756*, FP32 51
+    Peak(r"H100 PCIe", (9, 0), 756.5, 756.5, 378.0, 51.0, "NVIDIA H100 datasheet, H100 PCIe"),
+    # same datasheet, H100 SXM column ("NVIDIA H100 80GB HBM3"): BF16/FP16 1,979*, TF32 989*, FP32 67
+    Peak(r"H100", (9, 0), 989.5, 989.5, 494.5, 67.0, "NVIDIA H100 datasheet, H100 SXM"),
+    # NVIDIA A100 Tensor Core GPU datasheet (2021): SXM and PCIe alike, BF16/FP16 312, TF32 156, FP32 19.5
+    Peak(r"A100", (8, 0), 312.0, 312.0, 156.0, 19.5, "NVIDIA A100 datasheet"),
+    # NVIDIA L40S datasheet (2023): BF16/FP16 362.05 (733*), TF32 183 (366*), FP32 91.6
+    Peak(r"L40S", (8, 9), 362.05, 362.05, 183.0, 91.6, "NVIDIA L40S datasheet"),
+    # NVIDIA L4 datasheet (2023): BF16/FP16 242*, TF32 120*, FP32 30.3
+    Peak(r"\bL4\b", (8, 9), 121.0, 121.0, 60.0, 30.3, "NVIDIA L4 datasheet"),
+    # NVIDIA Ada GPU architecture whitepaper v2.1, appendix A (RTX 4090): FP16/BF16 tensor with
+    # FP32 accumulate (what torch uses) 165.2, TF32 82.6, FP32 82.6
+    Peak(r"RTX 4090", (8, 9), 165.2, 165.2, 82.6, 82.6, "NVIDIA Ada architecture whitepaper, RTX 4090"),
+    # NVIDIA T4 datasheet: FP16 (mixed) 65, FP32 8.1; no bf16 units, no TF32 (fp32 runs at 8.1)
+    Peak(r"\bT4\b", (7, 5), None, 65.0, 8.1, 8.1, "NVIDIA T4 datasheet"),
+    # NVIDIA V100 datasheet (2020), V100S PCIe column: tensor 130, FP32 16.4; no bf16, no TF32
+    Peak(r"V100S", (7, 0), None, 130.0, 16.4, 16.4, "NVIDIA V100 datasheet, V100S PCIe"),
+    # same datasheet, V100 PCIe column: tensor 112, FP32 14
+    Peak(r"V100-PCIE", (7, 0), None, 112.0, 14.0, 14.0, "NVIDIA V100 datasheet, V100 PCIe"),
+    # same datasheet, V100 SXM2 column: tensor 125, FP32 15.7
+    Peak(r"V100", (7, 0), None, 125.0, 15.7, 15.7, "NVIDIA V100 datasheet, V100 SXM2"),
+)
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32,
+           "fp32": torch.float32}
+
+
+def precision(amp: str, device: torch.device) -> str:
+    """The precision of the run's matmuls: autocast's, else TF32 where CUDA uses it for fp32."""
+    if amp in ("bf16", "fp16"):
+        return amp
+    if device.type == "cuda" and torch.get_float32_matmul_precision() != "highest":
+        return "tf32"
+    return "fp32"
+
+
+def table_peak(name: str, capability: tuple, prec: str) -> Optional[tuple]:
+    """(TFLOP/s, source) of a GPU from `GPU_PEAKS`, or None when it is not there."""
+    for peak in GPU_PEAKS:
+        if re.search(peak.pattern, name) and capability == peak.capability:
+            value = getattr(peak, prec)
+            return (value, f"{name} {prec} dense, {peak.source}") if value else None
+    return None
+
+
+def peak_tflops(device: torch.device, prec: str, threads: int) -> tuple:
+    """(peak TFLOP/s at `prec`, where the figure comes from) for `device`."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        known = table_peak(name, torch.cuda.get_device_capability(device), prec)
+        if known:
+            return known
+    return probed_peak(device, prec, threads)
+
+
+_PROBED: dict = {}   # this process's probes, by cache key
+
+
+def probed_peak(device: torch.device, prec: str, threads: int) -> tuple:
+    """The GEMM probe's figure for this machine, measured once and cached on disk."""
+    machine = {"machine": machine_name(device), "precision": prec, "threads": threads,
+               "host": platform.node(), "torch": torch.__version__}
+    key = hashlib.sha256(json.dumps(machine, sort_keys=True).encode()).hexdigest()[:20]
+    path = cache_dir() / "peak" / f"{key}.json"
+    if key not in _PROBED:
+        try:
+            _PROBED[key] = json.loads(path.read_text())
+        except (OSError, ValueError):   # never probed here, or damaged: measure
+            with intra_op_threads(threads):
+                tflops, n = probe_gemm(device, _DTYPES[prec])
+            _PROBED[key] = {**machine, "tflops": tflops, "n": n}
+            with atomic_write(path, "w") as f:
+                json.dump(_PROBED[key], f, indent=1)
+    entry = _PROBED[key]
+    threads_note = f", {threads} threads" if device.type == "cpu" else ""
+    return entry["tflops"], (f"{entry['machine']} {prec}: measured, median of {REPS} "
+                             f"{entry['n']}x{entry['n']} matmuls{threads_note} (cached in {path})")
+
+
+REPS = 5
+MIN_TIMED_S = 0.02   # long enough that timer and launch costs vanish, short enough for 2 cores
+
+
+def probe_gemm(device: torch.device, dtype: torch.dtype, largest: int = 8192) -> tuple:
+    """(TFLOP/s, n): square matmuls at `dtype`, n doubled from 512 until one takes
+    MIN_TIMED_S (or n reaches `largest`); the median of REPS timings at that size."""
+    n = 512
+    while True:
+        a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
+        seconds = _matmul_seconds(a, b)   # also the warm-up at this size
+        if seconds >= MIN_TIMED_S or n >= largest:
+            break
+        n *= 2
+    seconds = statistics.median(_matmul_seconds(a, b) for _ in range(REPS))
+    return 2 * n**3 / seconds / 1e12, n
+
+
+def _matmul_seconds(a: torch.Tensor, b: torch.Tensor, calls: int = 4) -> float:
+    """Seconds per matmul, over `calls` of them (a GPU runs them queued, as in a step)."""
+    sync = functools.partial(torch.cuda.synchronize, a.device) if a.is_cuda else (lambda: None)
+    out = torch.empty_like(a)
+    sync()
+    start = time.perf_counter()
+    for _ in range(calls):
+        torch.mm(a, b, out=out)
+    sync()
+    return (time.perf_counter() - start) / calls
+
+
+def machine_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "cpu":
+        return f"CPU {cpu_model()}"
+    return device.type
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((line for line in f if line.startswith("model name")), "")
+        return line.split(":", 1)[1].strip() if line else platform.processor()
+    except OSError:   # macOS, Windows
+        return platform.processor() or platform.machine()
+
+
+# -- what the loop asks for ------------------------------------------------------------------
+def resolve(model, loss_fn, load_batch, amp: str, device: torch.device, accum: int,
+            threads: int) -> dict:
+    """run.resolved's "flops_per_step" and "peak_tflops", each (value, why). Neither may
+    stop a run: a batch that cannot load, or a model the counter cannot run, fails
+    properly (with its culprit) at the first step. `load_batch()`: the first batch, moved."""
+    resolved = {}
+    try:
+        flops = count_flops(model, loss_fn, load_batch(), amp, device) * accum
+        resolved["flops_per_step"] = (flops, f"{flops / 1e9:.4g} GFLOP: {COUNTED}, counted on "
+                                             f"one batch x {accum} (FlopCounterMode)")
+    except Exception as exc:
+        resolved["flops_per_step"] = (None, f"not counted ({type(exc).__name__}: {exc})")
+    prec = precision(amp, device)
+    try:
+        resolved["peak_tflops"] = peak_tflops(device, prec, threads)
+    except Exception as exc:
+        resolved["peak_tflops"] = (None, f"not measured ({type(exc).__name__}: {exc})")
+    return resolved
+
+
+def rate_fields(record: dict, resolved: dict) -> dict:
+    """A train record's achieved TFLOP/s and MFU (empty when FLOPs were not counted)."""
+    flops = resolved.get("flops_per_step", (None, ""))[0]
+    if not flops:
+        return {}
+    tflops = flops * record["steps"] / record["interval_s"] / 1e12
+    peak = resolved.get("peak_tflops", (None, ""))[0]
+    return {"tflops": tflops, "mfu": tflops / peak} if peak else {"tflops": tflops}
+
+
+def percent(mfu: float) -> str:
+    """An MFU as people read it: 12%, or 0.4% where a whole percent would say 0%."""
+    return f"{mfu:.0%}" if mfu >= 0.095 else f"{mfu:.1%}"
