@@ -299,6 +299,12 @@ def _finish(run: Run, ends: dict, failure) -> None:
         run.state = "interrupted" if body.get("interrupted") else "failed"
         if run.state == "failed":
             run.error = _failure_error(run, rank, body)
+    elif len({e["step"] for e in ends.values()}) > 1:   # the stop agreement failed
+        run.state = "failed"
+        run.error = TrainingError("the ranks ended at different steps ("
+                                  + ", ".join(f"rank {r}: {e['step']}" for r, e in
+                                              sorted(ends.items())) + "); the model was "
+                                  "left as it was before this run", run)
     else:
         first = ends[0]
         rng = _load_state(run, _unpack(first["blob"]))
@@ -499,7 +505,7 @@ def _agree_on_amp(run: RankRun, setup) -> None:
 
 def _end_report(run: RankRun) -> dict:
     report = {"state": run.state, "message": run.message, "diverged": run.diverged,
-              "blob": None}
+              "step": run.step, "blob": None}
     if run.rank == 0:
         buffer = io.BytesIO()
         torch.save(run.checkpoint(), buffer)
