@@ -15,10 +15,11 @@ from nbtrain.config import ConfigError
 
 
 def own_children() -> set:
-    """This process's child processes, but multiprocessing's resource tracker (started
-    once, kept for the life of the process)."""
+    """This process's child processes, but multiprocessing's helpers, each started once
+    and kept for the life of the process: the resource tracker and the fork server."""
     return {p.pid for p in psutil.Process().children()
-            if "resource_tracker" not in " ".join(_cmdline(p))}
+            if not any(helper in " ".join(_cmdline(p))
+                       for helper in ("resource_tracker", "forkserver"))}
 
 
 def _cmdline(proc) -> list:

@@ -60,10 +60,11 @@ def resolve_processes(run) -> int:
 
 
 # -- the notebook's side ------------------------------------------------------------------------
-START_METHOD = "spawn"
-START_WHY = ("fresh interpreters: safe when this kernel already initialised CUDA (a forked "
-             "CUDA context is unusable); the model, data and loss travel with cloudpickle, so "
-             "classes defined in a notebook cell work")
+START_METHOD = "forkserver"
+START_WHY = ("forked from a fresh server process that imported torch once (a spawn imports "
+             "it again per rank: seconds), never from this kernel: safe when it has already "
+             "initialised CUDA (a forked CUDA context is unusable); the model, data and loss "
+             "travel with cloudpickle, so classes defined in a notebook cell work")
 # A rank that waits this long in a collective for the others gives up (a rank that hangs
 # or died); the notebook gives up on ranks it has not heard from for twice as long.
 RANK_TIMEOUT_S = float(os.environ.get("NBTRAIN_RANK_TIMEOUT_S", 300))
@@ -165,6 +166,7 @@ class Ranks:
 
     def __init__(self, world: int, payload: dict):
         ctx = mp.get_context(START_METHOD)
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "nbtrain.distributed"])
         self.world = world
         self.queue = ctx.Queue()
         self.stop = ctx.Event()
