@@ -180,3 +180,39 @@ def test_shards_are_disjoint_equal_and_together_the_one_process_batch():
     assert not set(sum(mine[0], [])) & set(sum(mine[1], []))
     for k, batch in enumerate(list(one)[:12]):
         assert sorted(batch) == sorted(mine[0][k] + mine[1][k])
+
+
+def test_a_rank_that_dies_is_named_and_the_other_is_not_waited_for(no_child_left):
+    class Deadly(torch.utils.data.Dataset):
+        def __len__(self):
+            return 128
+
+        def __getitem__(self, i):
+            if i == 5:
+                import os
+                os._exit(3)   # as a crash in native code would: no exception, no message
+            return torch.randn(8), i % 3
+
+    cfg = nt.TrainConfig(processes=2, batch_size=8, epochs=1, num_workers=0, shuffle=False)
+    with pytest.raises(nt.TrainingError, match=r"rank 1 of 2 exited with code 3"):
+        nt.fit(mlp(), Deadly(), nn.functional.cross_entropy, config=cfg, progress=False)
+
+
+def test_a_rank_that_hangs_is_caught_by_the_timeout(monkeypatch, no_child_left):
+    from nbtrain import distributed
+    monkeypatch.setattr(distributed, "RANK_TIMEOUT_S", 3.0)
+
+    class Stuck(torch.utils.data.Dataset):
+        def __len__(self):
+            return 128
+
+        def __getitem__(self, i):
+            if i == 5:
+                import time
+                time.sleep(3600)
+            return torch.randn(8), i % 3
+
+    cfg = nt.TrainConfig(processes=2, batch_size=8, epochs=1, num_workers=0, shuffle=False)
+    with pytest.raises(nt.TrainingError) as info:
+        nt.fit(mlp(), Stuck(), nn.functional.cross_entropy, config=cfg, progress=False)
+    assert "rank(s) [1] sent nothing and are still running: they hang" in str(info.value)

@@ -88,7 +88,7 @@ def fit(run: Run, model, train_data, loss_fn, val_data, state, *, background: bo
     if schedule is not None:
         run.schedule = schedule(run.schedule)
     payload = dict(model=model, train_data=train_data, loss_fn=loss_fn, val_data=val_data,
-                   config=cfg, state=state, schedule=schedule)
+                   config=cfg, state=state, schedule=schedule, timeout_s=RANK_TIMEOUT_S)
     if on_start is not None:
         on_start(run)
     if callable(progress):
@@ -266,7 +266,7 @@ def _supervise(run: Run, ranks: Ranks) -> None:
             elif kind == "end":
                 ends[rank] = body
             elif kind == "failed":
-                failure = (rank, body)
+                failure = _root_cause(ranks, (rank, body), ends)
     except KeyboardInterrupt:   # a second Ctrl-C: the ranks are killed, not waited for
         failure = (None, {"text": "interrupted twice: the ranks were killed mid-step; the "
                                   "model keeps the weights it had before this run",
@@ -275,6 +275,36 @@ def _supervise(run: Run, ranks: Ranks) -> None:
         ranks.end(patience_s=30 if failure is None else 0)
         run.wall_s += time.perf_counter() - start
     _finish(run, ends, failure)
+
+
+# What a rank raises when another rank is gone: the other rank's failure is the news.
+_PEER_LOST = ("Connection reset", "Connection closed", "Broken pipe", "imed out", "NCCL")
+
+
+def _root_cause(ranks: Ranks, failure, ends: dict, grace_s: float = 3.0):
+    """The failure to report: a rank that lost its peers fails too, often first, so wait
+    a moment for the rank that raised (or died) and report that one."""
+    failures, deadline = [failure], time.monotonic() + grace_s
+    while any(word in failures[0][1]["text"] for word in _PEER_LOST) \
+            and time.monotonic() < deadline:
+        died = ranks.silent(set(ends) | {rank for rank, _ in failures})
+        if died:
+            return None, {"text": died}
+        try:
+            kind, rank, body = ranks.queue.get(timeout=0.1)
+        except queue_module.Empty:
+            continue
+        if kind == "failed":
+            failures.append((rank, body))
+            failures.sort(key=lambda f: any(w in f[1]["text"] for w in _PEER_LOST))
+    rank, body = failures[0]
+    if any(word in body["text"] for word in _PEER_LOST):
+        quiet = [r for r, proc in enumerate(ranks.procs)
+                 if proc.is_alive() and r not in {f[0] for f in failures}]
+        if quiet:
+            body = dict(body, text=f"{body['text']}\n  rank(s) {quiet} sent nothing and are "
+                        "still running: they hang (or are far slower); they were stopped")
+    return rank, body
 
 
 def _silence(ranks: Ranks, ends: dict, heard: float):
@@ -439,7 +469,7 @@ def _rank_main(rank: int, world: int, port: int, blob: bytes, messages, stop) ->
             torch.cuda.set_device(rank)   # 'cuda' resolves to this rank's GPU
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world, timeout=timedelta(seconds=RANK_TIMEOUT_S))
+                                world_size=world, timeout=timedelta(seconds=payload["timeout_s"]))
         control = dist.new_group(backend="gloo") if backend == "nccl" else dist.group.WORLD
         run = RankRun(cfg, rank, world, messages, stop, control)
         setup = _prepare_rank(run, payload, backend, share)
