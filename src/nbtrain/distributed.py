@@ -83,6 +83,11 @@ def fit(run: Run, model, train_data, loss_fn, val_data, state, *, background: bo
             "processes (its sampler is its own). Pass its dataset instead (train_data="
             "loader.dataset) and set batch_size (per process) and num_workers in TrainConfig; "
             "nbtrain then gives each process its share of every epoch.", field="processes")
+    gpus = torch.cuda.device_count() if cfg.device != "cpu" else 0
+    if gpus and world > gpus:
+        raise ConfigError(f"TrainConfig.processes={cfg.processes} needs a GPU per process; "
+                          f"this machine has {gpus}. Use processes<={gpus} (or 'auto'), or "
+                          "device='cpu'.", field="processes")
     loop._refuse_busy(model)
     _prepare_here(run, model, train_data, state, world)
     if schedule is not None:
