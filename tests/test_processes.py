@@ -216,3 +216,21 @@ def test_a_rank_that_hangs_is_caught_by_the_timeout(monkeypatch, no_child_left):
     with pytest.raises(nt.TrainingError) as info:
         nt.fit(mlp(), Stuck(), nn.functional.cross_entropy, config=cfg, progress=False)
     assert "rank(s) [1] sent nothing and are still running: they hang" in str(info.value)
+
+
+def test_resume_with_the_same_count_is_bit_for_bit_and_another_count_says_so(no_child_left):
+    data, loss = digits_like(), nn.functional.cross_entropy
+    straight = mlp()
+    nt.fit(straight, data, loss, config=sgd(batch_size=16, processes=2), progress=False)
+    halves = mlp()
+    first = nt.fit(halves, data, loss, progress=False,
+                   config=sgd(batch_size=16, processes=2).replace(max_steps=12))
+    run = nt.fit(halves, data, loss, config=sgd(batch_size=16, processes=2), resume=first,
+                 progress=False)
+    assert run.step == 24
+    for a, b in zip(straight.parameters(), halves.parameters()):
+        assert torch.equal(a, b)
+    other = nt.fit(mlp(), data, loss, config=sgd(batch_size=16), resume=first, progress=False)
+    assert other.step == 24 and other.state == "finished"
+    assert "resumed a run of 2 process(es) with 1: the epoch continues at sample 128" \
+        in other.notes[0]

@@ -134,7 +134,6 @@ def _prepare_here(run: Run, model, train_data, state, world: int) -> None:
     run.scaler = torch.amp.GradScaler(device.type, enabled=False)
     if state is not None:
         ckpt.restore(run, state)
-        continue_position(run, state, world)
 
 
 def _per_rank_batches(train_data, cfg: TrainConfig, world: int):
@@ -149,21 +148,6 @@ def _per_rank_batches(train_data, cfg: TrainConfig, world: int):
                           f"{n} sample(s): each process needs at least one. Lower processes.",
                           field="processes")
     return batch_count(n // world, cfg.batch_size, cfg.drop_last)
-
-
-def continue_position(run: Run, state: dict, world: int) -> None:
-    """A checkpoint of another process count: continue at the same sample of the epoch, in
-    the data order this count implies (position counts one rank's batches)."""
-    saved = state["config"]
-    before = saved.get("processes", 1)
-    before = before if isinstance(before, int) else 1
-    if before == world:
-        return
-    seen = run.batch_in_epoch * saved["batch_size"] * before
-    run.batch_in_epoch = seen // (run.config.batch_size * world)
-    run.notes.append(f"resumed a run of {before} process(es) with {world}: the epoch continues "
-                     f"at sample {seen} in the data order of {world} processes (batch "
-                     f"{run.batch_in_epoch} of each)")
 
 
 class Ranks:
@@ -415,6 +399,7 @@ class RankRun(Run):
     def __init__(self, config: TrainConfig, rank: int, world: int, messages, stop, control):
         super().__init__(config)
         self.rank, self.world, self.messages = rank, world, messages
+        self.resolved["processes"] = (world, "asked for")   # for a resume's position
         self._notebook_stop, self._control = stop, control
         self._agreed, self._agreed_at = False, None
 
@@ -524,7 +509,6 @@ def _prepare_rank(run: RankRun, payload: dict, backend: str, share: int):
     setup.forward = SyncLast(ddp, torch.compile(ddp) if cfg.compile else ddp, setup)
     if state is not None:
         ckpt.restore(run, state)
-        continue_position(run, state, run.world)
     else:
         torch.manual_seed(cfg.seed)   # the same on every rank: resumes restore rank 0's RNG
     if payload["schedule"] is not None:
