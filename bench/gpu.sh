@@ -14,3 +14,5 @@ python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" -k "not lmdb" \
     tests/test_cuda.py tests/test_data.py tests/test_gpu_bench.py 2>&1 | tee "$out/tests.log"
 python3 bench/gpu.py 2>&1 | tee "$out/gpu.md"
 python3 bench/gpu_mfu.py 2>&1 | tee "$out/mfu.md"   # bf16 MFU against the table peak (issue 17)
+# processes=N: scaling over the visible GPUs (one process each); with one GPU, the CPU table
+python3 bench/processes.py --repeats 3 2>&1 | tee "$out/processes.md"

@@ -176,6 +176,8 @@ OPTIONS = [
     ("--device cuda:1", dict(device="cuda:1")),
     ("--drop-last", dict(drop_last=True)),
     ("--no-shuffle", dict(shuffle=False)),
+    ("--processes 2", dict(processes=2)),
+    ("--processes auto", dict(processes="auto")),
     ("--activation-checkpointing 2", dict(activation_checkpointing=2)),
     ("--activation-checkpointing true", dict(activation_checkpointing=True)),
     ("--workers 2 --multiprocessing-context spawn",

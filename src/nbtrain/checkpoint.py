@@ -119,7 +119,24 @@ def restore(run, state: dict) -> None:
     _restore_rng(state["rng"], _device_of(run))
     pos = state["position"]
     run.step, run.epoch, run.batch_in_epoch = pos["step"], pos["epoch"], pos["batch_in_epoch"]
+    _continue_position(run, saved)
     run.history = list(state["history"])
+
+
+def _continue_position(run, saved_config: dict) -> None:
+    """A checkpoint of another process count (TrainConfig.processes): continue at the same
+    sample of the epoch, in the data order this count implies (the position counts one
+    process's batches)."""
+    before = saved_config.get("processes", 1)
+    before = before if isinstance(before, int) else 1
+    world = run.resolved.get("processes", (1, ""))[0]
+    if before == world:
+        return
+    seen = run.batch_in_epoch * saved_config["batch_size"] * before
+    run.batch_in_epoch = seen // (run.config.batch_size * world)
+    run.notes.append(f"resumed a run of {before} process(es) with {world}: the epoch continues "
+                     f"at sample {seen} in the data order of {world} process(es) (batch "
+                     f"{run.batch_in_epoch} of each)")
 
 
 def _check_model_fits(mine: dict, saved: dict) -> None:

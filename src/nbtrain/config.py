@@ -104,6 +104,10 @@ class TrainConfig:
                                   label="channels last")
     compile: bool = setting(False, Flag(), "device", "torch.compile the model",
                             label="torch.compile")
+    processes: Union[int, str] = setting(
+        1, AutoOr(Whole(1, 1024)), "device",
+        "local processes training data-parallel on torch.distributed (batch_size is per "
+        "process); auto: one per visible GPU", label="processes", options=("auto", 1, 2, 4, 8))
     activation_checkpointing: Union[bool, int] = setting(
         False, AnyOf(Flag(), Whole(1), allowed="True, False or a number of segments >= 1"),
         "device", "recompute an nn.Sequential's activations in backward (True or N segments)",
@@ -383,5 +387,17 @@ def _check_custom_optimizer(cfg: TrainConfig) -> None:
               "foreach=True)")
 
 
-_RULES = (_check_custom_optimizer, _check_lr_floor, _check_nesterov, _check_worker_options, _check_checkpointing,
+def _check_processes(cfg: TrainConfig) -> None:
+    if cfg.processes in (1, "auto"):
+        return
+    if cfg.device == "mps" or cfg.device.startswith("cuda:"):
+        _fail("device", cfg.device, f"'auto', 'cpu' or 'cuda' when processes={cfg.processes} "
+              "(each process takes its own device: rank r trains on cuda:r)")
+    if cfg.activation_checkpointing is not False:
+        _fail("activation_checkpointing", cfg.activation_checkpointing,
+              f"False when processes={cfg.processes} (not supported with several processes yet)")
+
+
+_RULES = (_check_custom_optimizer, _check_processes, _check_lr_floor, _check_nesterov,
+          _check_worker_options, _check_checkpointing,
           _check_checkpoint_folder)

@@ -84,6 +84,12 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
         release_previous_run()
     run = Run(cfg)
     _remember(run)
+    if cfg.processes != 1:   # data-parallel: distributed.py runs this same loop in N processes
+        from . import distributed
+        if distributed.resolve_processes(run) > 1:
+            return distributed.fit(run, model, train_data, loss_fn, val_data, state,
+                                   background=background, progress=progress,
+                                   schedule=schedule, on_start=on_start)
     setup = _prepare(run, model, train_data, loss_fn, val_data)
     if state is not None:
         ckpt.restore(run, state)

@@ -28,11 +28,28 @@ def batch_count(n: int, batch_size: int, drop_last: bool) -> int:
 
 
 class EpochPlan:
-    """Which samples each batch of an epoch holds, fixed by (seed, epoch): resumable."""
+    """Which samples each batch of an epoch holds, fixed by (seed, epoch): resumable.
+
+    With several processes (`shard`) each holds every world-th sample of the epoch's
+    order from its rank on: disjoint, equal lengths, and batch k of the ranks together is
+    batch k of one process with a world times larger batch.
+    """
+    rank, world = 0, 1
 
     def __init__(self, n: int, batch_size: int, shuffle: bool, drop_last: bool, seed: int):
         self.n, self.batch_size, self.shuffle, self.drop_last, self.seed = \
             n, batch_size, shuffle, drop_last, seed
+        self.total = n   # samples of the whole data; n: this rank's share
+
+    def shard(self, rank: int, world: int) -> None:
+        """Serve this rank's share of each epoch (the last total % world samples of an
+        epoch's order are left out, so every rank steps as often)."""
+        self.rank, self.world, self.n = rank, world, self.total // world
+
+    def order(self, epoch: int) -> torch.Tensor:
+        """This rank's samples of `epoch`, in order."""
+        order = epoch_order(self.total, self.shuffle, self.seed, epoch)
+        return order if self.world == 1 else order[self.rank::self.world][:self.n]
 
     def __len__(self) -> int:
         return batch_count(self.n, self.batch_size, self.drop_last)
@@ -45,7 +62,7 @@ class EpochPlan:
 
     def sample_indices(self, epoch: int, batch: int) -> List[int]:
         first = batch * self.batch_size
-        return epoch_order(self.n, self.shuffle, self.seed, epoch)[first:first + self.batch_size].tolist()
+        return self.order(epoch)[first:first + self.batch_size].tolist()
 
 
 class TensorBatches(EpochPlan):
@@ -67,12 +84,12 @@ class TensorBatches(EpochPlan):
         return self
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple]:
-        if not self.shuffle:   # contiguous slices are views: no copy unless pinned is asked
+        if not self.shuffle and self.world == 1:   # contiguous slices are views: no copy
             for first, end in self.bounds(start):
                 yield tuple(t[first:end].pin_memory() if self.pin else t[first:end]
                             for t in self.tensors)
             return
-        order = epoch_order(self.n, True, self.seed, epoch).to(self.tensors[0].device)
+        order = self.order(epoch).to(self.tensors[0].device)
         for first, end in self.bounds(start):
             yield tuple(self._gather(t, order[first:end]) for t in self.tensors)
 
@@ -96,7 +113,7 @@ class EpochBatchSampler(EpochPlan):
         self.epoch, self.start = 0, 0
 
     def __iter__(self) -> Iterator[List[int]]:
-        order = epoch_order(self.n, self.shuffle, self.seed, self.epoch)
+        order = self.order(self.epoch)
         for first, end in self.bounds(self.start):
             yield order[first:end].tolist()
 
