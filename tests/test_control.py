@@ -52,7 +52,7 @@ def test_keyboard_interrupt_inside_a_step_returns_an_interrupted_run(blobs):
             if self.calls == 6:
                 raise KeyboardInterrupt
             return self.net(x)
-    run = nt.fit(Breaks(), blobs, F.cross_entropy, config=quick(max_steps=20), progress=False)
+    run = nt.fit(Breaks(), blobs, F.cross_entropy, config=quick(max_steps=20, count_flops=False), progress=False)
     assert run.state == "interrupted" and run.step == 5
     assert all(p.grad is None for p in run.model.parameters())
 
@@ -131,7 +131,7 @@ class NaNAfter(nn.Module):
 
 
 def test_non_finite_loss_stops_and_names_the_step(blobs):
-    run = nt.fit(NaNAfter(13), blobs, F.cross_entropy, config=quick(max_steps=100, log_every=5),
+    run = nt.fit(NaNAfter(13), blobs, F.cross_entropy, config=quick(max_steps=100, log_every=5, count_flops=False),
                  progress=False)
     # found when the interval of steps 11-15 is read, as the epoch's last one (16) closes
     assert run.state == "stopped" and run.step == 16
@@ -276,6 +276,7 @@ def test_a_record_shows_the_lr_its_steps_ran_with(blobs):
             runs[0].set_lr(0.5)
         return F.cross_entropy(out, y)
     run = nt.fit(mlp(), blobs, loss_that_changes_the_lr, progress=runs.append,
-                 config=quick(max_steps=20, log_every=5, scheduler="constant", warmup_steps=0))
+                 config=quick(max_steps=20, log_every=5, scheduler="constant", warmup_steps=0,
+                              count_flops=False))
     lrs = {r["step"]: r["lr"] for r in run.records("train")}
     assert lrs[16] == 0.01 and lrs[20] == 0.5
