@@ -225,6 +225,7 @@ def test_every_config_field_is_an_option_and_tested():
 def test_help_names_every_config_field_with_its_flag_and_default(ip, capsys):
     ip.run_cell("%%fasttrain?")
     text = capsys.readouterr().out
+    assert "%%fasttrain [--model NAME]" in text   # the cell magic's own name in its usage
     unwrapped = re.sub(r"\s+", "", text)   # argparse wraps long lines, also at hyphens
     for name, meta in SETTINGS.items():
         assert re.search(re.escape(meta.flag) + r"(?![\w-])", text), name

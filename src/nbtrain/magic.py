@@ -80,7 +80,7 @@ _group = magic_arguments.argument_group
 class FastTrainMagics(Magics):
     """Holds %%fasttrain; `load_ipython_extension` registers it."""
 
-    @magic_arguments.magic_arguments()
+    @magic_arguments.magic_arguments(name="%fasttrain")   # the usage line reads %%fasttrain
     @_group("What to train (variable names in the notebook)")
     @_arg("--model", default="model", metavar="NAME", help="the nn.Module (default: model)")
     @_arg("--data", default="train_data", metavar="NAME",
