@@ -30,6 +30,7 @@ from .devices import (autocast_context, cpu_bf16_choice, resolve_amp, resolve_de
 from .losses import outputs_and_loss
 from .memory import checkpointed_forward, leaves_no_trace, release
 from .optim import build_optimizer, resolve_impl
+from .probe import settle_workers_and_threads
 from .run import Run, TrainingError
 from .schedule import Schedule
 from .telemetry import Interval, diagnose
@@ -207,6 +208,7 @@ def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Setup:
         run.resolved["amp"] = cpu_bf16_choice(lambda amp: _probe_step(model, setup, amp),
                                               key=_architecture(model, batches))
         setup.amp = run.resolved["amp"][0]
+    settle_workers_and_threads(run, setup, model, key=lambda: _architecture(model, batches))
     run.model = model
     run.optimizer = build_optimizer(model, cfg, run.resolved["optimizer_impl"][0])
     run.schedule = Schedule(cfg, run.total_steps)
