@@ -43,6 +43,15 @@ class Samples(torch.utils.data.Dataset):
         return self.x[i], self.y[i]
 
 
+@pytest.fixture
+def torch_threads(request):
+    """torch's thread count set to the test's parameter (indirect=True), then back."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield
+    torch.set_num_threads(before)
+
+
 def mlp(dropout: float = 0.0) -> nn.Module:
     return nn.Sequential(nn.Linear(8, 32), nn.LayerNorm(32), nn.ReLU(), nn.Dropout(dropout),
                          nn.Linear(32, 3))

@@ -386,16 +386,9 @@ class ThreadsSeen(nn.Linear):
         return super().forward(x)
 
 
-@pytest.fixture
-def three_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(3)
-    yield
-    torch.set_num_threads(before)
-
-
+@pytest.mark.parametrize("torch_threads", [3], indirect=True)
 @pytest.mark.parametrize("workers, asked, during", [(2, "auto", 2), (0, "auto", 3), (0, 2, 2)])
-def test_training_threads_leave_the_cores_to_workers(monkeypatch, three_threads,
+def test_training_threads_leave_the_cores_to_workers(monkeypatch, torch_threads,
                                                      workers, asked, during):
     monkeypatch.setattr("nbtrain.devices.available_cores", lambda: 4)
     model = ThreadsSeen()

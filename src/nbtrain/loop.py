@@ -31,6 +31,7 @@ from .devices import (autocast_context, cpu_bf16_choice, intra_op_threads, resol
 from .losses import outputs_and_loss
 from .memory import checkpointed_forward, leaves_no_trace, release
 from .optim import build_optimizer, resolve_impl
+from .probe import settle_workers_and_threads
 from .run import Run, TrainingError
 from .schedule import Schedule
 from .telemetry import Interval, diagnose
@@ -214,9 +215,11 @@ def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Setup:
         run.resolved["amp"] = cpu_bf16_choice(lambda amp: _probe_step(model, setup, amp),
                                               key=_architecture(model, batches))
         setup.amp = run.resolved["amp"][0]
-    if cfg.count_flops:   # after amp: FLOPs and the peak are the run's precision's
-        run.resolved.update(flops.resolve(model, loss_fn, lambda: setup.move(first_batch(
-            setup.batches)), setup.amp, device, cfg.grad_accum_steps, run.resolved["num_threads"][0]))
+    settle_workers_and_threads(run, setup, model, key=lambda: _architecture(model, batches))
+    if cfg.count_flops:   # after amp and threads: the peak is the run's precision's and cores'
+        run.resolved.update(flops.resolve(
+            model, loss_fn, lambda: setup.move(first_batch(setup.batches)), setup.amp, device,
+            cfg.grad_accum_steps, run.resolved["num_threads"][0]))
     run.model = model
     run.optimizer = build_optimizer(model, cfg, run.resolved["optimizer_impl"][0])
     run.schedule = Schedule(cfg, run.total_steps)

@@ -128,14 +128,31 @@ def _dataset_source(dataset, cfg: TrainConfig, device, resolved: Resolved,
     resolved["num_workers"] = (workers, why)
     pin, why = _resolve_pin(cfg, device, on_device=False)
     resolved["pin_memory"] = (pin, why)
+    return loader_batches(dataset, cfg, workers, pin)
+
+
+def loader_batches(dataset, cfg: TrainConfig, workers: int, pin: bool = False) -> LoaderBatches:
+    """nbtrain's loader over a per-sample `dataset` with `workers` processes (the probe
+    rebuilds it with the count it measured best)."""
+    dataset = unwrapped(dataset)
     sampler = EpochBatchSampler(len(dataset), cfg.batch_size, cfg.shuffle, cfg.drop_last, cfg.seed)
-    extra = {}
     if workers > 0:
-        extra = dict(prefetch_factor=cfg.prefetch_factor,
-                     persistent_workers=cfg.persistent_workers,
-                     multiprocessing_context=cfg.multiprocessing_context)
         dataset = shippable(dataset, cfg.multiprocessing_context)
-    return LoaderBatches(dataset, sampler, num_workers=workers, pin_memory=pin, **extra)
+    return LoaderBatches(dataset, sampler, num_workers=workers, pin_memory=pin,
+                         **worker_settings(cfg, workers))
+
+
+def worker_settings(cfg: TrainConfig, workers: int) -> dict:
+    """The DataLoader arguments that apply only with worker processes."""
+    if workers == 0:
+        return {}
+    return dict(prefetch_factor=cfg.prefetch_factor, persistent_workers=cfg.persistent_workers,
+                multiprocessing_context=cfg.multiprocessing_context)
+
+
+def unwrapped(dataset):
+    """The user's dataset behind nbtrain's ByValue wrapper."""
+    return dataset.dataset if isinstance(dataset, ByValue) else dataset
 
 
 def _start_method(context) -> str:
@@ -183,7 +200,7 @@ def first_batch(source):
     if isinstance(source, LoaderBatches):
         from torch.utils.data import default_collate
         indices = source.sample_indices(0, 0)
-        dataset = source.dataset.dataset if isinstance(source.dataset, ByValue) else source.dataset
+        dataset = unwrapped(source.dataset)
         if hasattr(dataset, "__getitems__"):
             return default_collate(dataset.__getitems__(indices))
         return default_collate([dataset[i] for i in indices])

@@ -1,0 +1,298 @@
+"""Loader workers and training threads for a CPU run, chosen by measuring them.
+
+A rule ("a worker per spare core; training keeps the other cores") lost to the plain
+loop: BERT-tiny on a map-style Dataset of small dict samples ran 1.12-1.29x slower with
+1 worker + 1 thread than with 0 workers + 2 threads on 2 cores, and with other
+processes busy on those cores torch's 2 threads collapsed (a CNN: 367 samples/s where
+1 thread ran 2,902). So "auto" times the candidate (workers, threads) pairs on the
+run's first batches, like the bf16 probe, and keeps the fastest. Measured once per
+model, dataset and machine, and again when the machine's load has changed a lot.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import statistics
+import sys
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Dict, List, Tuple
+
+import torch
+from torch.utils.data import DataLoader
+
+from .data import loader_batches, shippable, unwrapped, worker_settings
+from .data.batches import LoaderBatches, TensorBatches
+from .devices import autocast_context, available_cores
+from .losses import outputs_and_loss
+from .memory import leaves_no_trace
+
+Pair = Tuple[int, int]   # (loader workers, training threads)
+
+BUDGET_S = 1.5       # timed steps of all pairs together; worker start-up comes on top
+MAX_PROBE_S = 5.0    # a model whose steps would make the probe longer keeps the rules
+ROUNDS = 3           # interleaved, median: other processes on the cores slow every pair alike
+PROBE_BATCHES = 8    # the first batches of epoch 0, cycled
+# Another pair must beat the plain loop's (0 workers, torch's threads) by 5%: two probes
+# of the same pair on the shared 2-core machine differed by up to 4%.
+MIN_GAIN = 1.05
+
+
+@dataclass
+class Measured:
+    step_s: Dict[Pair, float]     # steady-state seconds per step (load + forward/backward)
+    startup_s: Dict[int, float]   # starting that many workers, up to their first batch
+    load: float                   # os.getloadavg()'s 1-minute figure while measuring
+    dataset: object = None        # a weak reference: an id is reused once its object is gone
+
+
+_MEASURED: Dict[tuple, Measured] = {}   # (model, dataset, machine, settings) -> Measured
+
+
+def settle_workers_and_threads(run, setup, model, key) -> None:
+    """Measure the candidate (workers, threads) pairs of a CPU run and record the fastest
+    in run.resolved; rebuild the loader when the worker count changed. `key()`: what the
+    step time depends on (the model's architecture and the batch shapes)."""
+    cfg, batches = run.config, setup.batches
+    pairs = candidates(cfg, setup.device, batches)
+    if len(pairs) < 2:
+        return   # nothing to choose: the rules' values stand
+    key = (key(), _dataset_key(batches), tuple(pairs), setup.amp, cfg.prefetch_factor,
+           cfg.multiprocessing_context, available_cores())
+    try:
+        found, cached = _measured(key, lambda: measure(batches, cfg, pairs, _trial_step(setup),
+                                                       model), _data_of(batches))
+    except Exception as exc:   # the real first step reports a broken sample or model properly
+        name = "num_workers" if isinstance(batches, LoaderBatches) else "num_threads"
+        value, why = run.resolved[name]
+        run.resolved[name] = (value, f"{why} (could not measure: {exc or type(exc).__name__})")
+        return
+    batches_per_start = _batches_per_worker_start(run, batches)
+    (workers, threads), reasons = choose(found, pairs, batches_per_start, cached)
+    if isinstance(batches, LoaderBatches):
+        run.resolved["num_workers"] = (workers, reasons["num_workers"])
+        if workers != batches.loader.num_workers:
+            setup.batches = loader_batches(batches.dataset, cfg, workers,
+                                           run.resolved["pin_memory"][0])
+    run.resolved["num_threads"] = (threads, reasons["num_threads"])
+
+
+def candidates(cfg, device: torch.device, batches) -> List[Pair]:
+    """The pairs worth timing: workers only for a per-sample dataset with
+    num_workers='auto' (tensors keep batched fetch, 0 workers); threads from torch's count
+    down to half of it (with others busy on the cores fewer threads can win)."""
+    if device.type != "cpu":
+        return []
+    if isinstance(batches, LoaderBatches) and cfg.num_workers == "auto":
+        # beyond the cores only for loading that waits (I/O): the probe tells
+        workers = [w for w in (0, 1, 2, 4, 8) if w <= max(2, min(8, available_cores()))]
+    elif isinstance(batches, TensorBatches) and cfg.num_threads == "auto":
+        workers = [0]
+    else:
+        return []
+    top = torch.get_num_threads()
+
+    def threads(w: int) -> List[int]:
+        if cfg.num_threads != "auto":
+            return [cfg.num_threads]
+        return sorted({top, max(1, top - w), max(1, top // 2)}, reverse=True)
+    return [(w, t) for w in workers for t in threads(w)]
+
+
+def choose(found: Measured, pairs: List[Pair], batches_per_start: int,
+           cached: bool = False) -> Tuple[Pair, Dict[str, str]]:
+    """The fastest pair, worker start-up spread over the batches each start serves; the
+    plain loop's pair unless another beats it by MIN_GAIN. With the reasons."""
+    cost = {p: found.step_s[p] + found.startup_s[p[0]] / batches_per_start for p in pairs}
+    plain = pairs[0]   # 0 workers, torch's thread count
+    best = min(pairs, key=cost.get)
+    if cost[plain] <= cost[best] * MIN_GAIN:
+        best = plain
+    when = (f"load {found.load:.1f} on {available_cores()} cores"
+            + (", measured earlier in this session" if cached else ""))
+    by_workers = {}
+    for p in pairs:   # each worker count at its best thread count
+        if p[0] not in by_workers or cost[p] < cost[by_workers[p[0]]]:
+            by_workers[p[0]] = p
+    workers = ", ".join(f"{w}: {_ms(cost[p])}" for w, p in by_workers.items())
+    threads = ", ".join(f"{t}: {_ms(cost[(w, t)])}" for w, t in pairs if w == best[0])
+    startup = (f"; a worker start ({_ms(found.startup_s[best[0]])}) is spread over "
+               f"{batches_per_start} batches" if best[0] else "")
+    return best, {
+        "num_workers": f"measured ms/step by workers {workers}{startup} ({when})",
+        "num_threads": f"measured ms/step by threads with {best[0]} worker(s) {threads} ({when})"}
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms"
+
+
+def measure(batches, cfg, pairs: List[Pair], step, model) -> Measured:
+    """Time `step` on the first batches for each pair: workers started once per count
+    (their start-up timed apart), pairs interleaved in ROUNDS, the median kept. Leaves
+    no trace: gradients, buffers, RNGs and torch's thread count as they were."""
+    load = os.getloadavg()[0]
+    feeds = {}
+    try:
+        with _nothing_changes(model):
+            for w in sorted({w for w, _ in pairs}):
+                feeds[w] = Feed(batches, cfg, w)
+            step(feeds[0].next())   # a warm-up step: first-call allocations
+            one_step = min(_time_pair(feeds[0], t, step, 1) for t in {pairs[0][1], pairs[-1][1]})
+            if one_step * ROUNDS * len(pairs) * 2 > MAX_PROBE_S:
+                raise TimeoutError(f"a step takes {_ms(one_step)}: too slow to probe")
+            reps = max(1, min(8, int(BUDGET_S / (ROUNDS * len(pairs) * one_step)) - 1))
+            step_s = _timed_rounds(feeds, pairs, step, reps)
+    finally:
+        for feed in feeds.values():
+            feed.close()
+    return Measured(step_s, {w: feed.startup_s for w, feed in feeds.items()}, load)
+
+
+def _timed_rounds(feeds, pairs: List[Pair], step, reps: int) -> Dict[Pair, float]:
+    """Seconds per step of each pair, median of up to ROUNDS interleaved rounds (fewer
+    when a round outlasts BUDGET_S: a busy machine must not stretch the probe)."""
+    times = {p: [] for p in pairs}
+    start = time.perf_counter()
+    for r in range(ROUNDS):
+        for w, t in pairs[r % len(pairs):] + pairs[:r % len(pairs)]:   # none always first
+            best = min((min(v) for v in times.values() if v), default=float("inf"))
+            times[(w, t)].append(_time_pair(feeds[w], t, step, reps, give_up_s=3 * best))
+        if time.perf_counter() - start > BUDGET_S:
+            break
+    return {p: statistics.median(v) for p, v in times.items()}
+
+
+def _time_pair(feed, threads: int, step, reps: int, give_up_s: float = float("inf")) -> float:
+    """Seconds per step with `threads` on `feed`; a pair slower than `give_up_s` per step
+    stops early (2 threads on 2 busy cores ran a tiny MLP 20x slower than 1 thread)."""
+    torch.set_num_threads(threads)
+    step(feed.next())   # untimed: the first op on a new thread count starts its threads
+    feed.drain()        # what the workers loaded ahead meanwhile is no steady state
+    # after the drain the workers load together: whole rounds of them, 2 at least
+    steps = max(reps, 2 * feed.workers)
+    steps += -steps % max(1, feed.workers)
+    start = time.perf_counter()
+    for done in range(1, steps + 1):
+        step(feed.next())
+        if time.perf_counter() - start > give_up_s * steps:
+            break
+    return (time.perf_counter() - start) / done
+
+
+class Feed:
+    """The first batches of epoch 0 over and over, loaded as the run would load them
+    with `workers` processes; `startup_s`: starting them, up to their first batch."""
+
+    def __init__(self, batches, cfg, workers: int):
+        self.workers = workers
+        self.ahead = workers * (cfg.prefetch_factor or 2)   # batches the workers load ahead
+        self.iterator = None
+        start = time.perf_counter()
+        if isinstance(batches, TensorBatches):
+            first = [b for _, b in zip(range(PROBE_BATCHES), batches.epoch(0))]
+            self.iterator = _forever(first)
+        else:
+            plan = [batches.sample_indices(0, b) for b in range(min(PROBE_BATCHES, len(batches)))]
+            dataset = unwrapped(batches.dataset)
+            if workers:
+                dataset = shippable(dataset, cfg.multiprocessing_context)
+            loader = DataLoader(dataset, batch_sampler=_Forever(plan), num_workers=workers,
+                                collate_fn=batches.loader.collate_fn, generator=torch.Generator(),
+                                **worker_settings(cfg, workers))
+            self.iterator = iter(loader)
+        self.first = next(self.iterator)
+        self.startup_s = time.perf_counter() - start if workers else 0.0
+
+    def next(self):
+        batch, self.first = self.first, None
+        return next(self.iterator) if batch is None else batch
+
+    def drain(self) -> None:
+        for _ in range(self.ahead):
+            self.next()
+
+    def close(self) -> None:
+        shutdown = getattr(self.iterator, "_shutdown_workers", None)
+        if shutdown is not None:   # the sampler never ends: stop the workers now
+            shutdown()
+
+
+class _Forever:
+    """A batch sampler that repeats its plan: the probe takes what it needs."""
+
+    def __init__(self, plan):
+        self.plan = plan
+
+    def __iter__(self):
+        return _forever(self.plan)
+
+
+def _forever(items):
+    while True:
+        yield from items
+
+
+def _trial_step(setup):
+    """One forward and backward of the run's model on a batch, under the run's precision."""
+    def step(batch):
+        with autocast_context(setup.amp, setup.device):
+            _, loss = outputs_and_loss(setup.forward, setup.loss_fn, setup.move(batch))
+        loss.backward()
+    return step
+
+
+@contextlib.contextmanager
+def _nothing_changes(model):
+    """leaves_no_trace, plus what a dataset's __getitem__ may draw from (Python's and
+    numpy's RNG) and torch's thread count: a cached probe must leave the run the same."""
+    threads, py_state = torch.get_num_threads(), random.getstate()
+    numpy = sys.modules.get("numpy")
+    np_state = numpy.random.get_state() if numpy is not None else None
+    try:
+        with leaves_no_trace(model):
+            yield
+    finally:
+        torch.set_num_threads(threads)
+        random.setstate(py_state)
+        if np_state is not None:
+            numpy.random.set_state(np_state)
+
+
+def _measured(key: tuple, measure_now, dataset) -> Tuple[Measured, bool]:
+    """The cached measurement for `key` and `dataset` (True), or a new one (False) when
+    there is none or the load has since changed by more than half the cores (at least 1)."""
+    found = _MEASURED.get(key)
+    if found is not None and found.dataset() is dataset \
+            and abs(os.getloadavg()[0] - found.load) <= max(1.0, available_cores() / 2):
+        return found, True
+    found = _MEASURED[key] = measure_now()
+    found.dataset = _weak(dataset)
+    return found, False
+
+
+def _weak(obj):
+    try:
+        return weakref.ref(obj)
+    except TypeError:   # no weak references to it (a tensor tuple's TensorBatches, __slots__)
+        return lambda: obj
+
+
+def _dataset_key(batches) -> tuple:
+    """The data's object (a rerun cell that builds a new one measures again)."""
+    data = _data_of(batches)
+    return id(data), type(data).__qualname__, len(batches)
+
+
+def _data_of(batches):
+    """The user's dataset, or the first of the tensors."""
+    return batches.tensors[0] if isinstance(batches, TensorBatches) else unwrapped(batches.dataset)
+
+
+def _batches_per_worker_start(run, batches) -> int:
+    """Batches each start of the workers serves: every epoch restarts them unless they
+    persist."""
+    total = run.total_steps * run.config.grad_accum_steps
+    return max(1, total if run.config.persistent_workers else min(len(batches), total))
