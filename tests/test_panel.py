@@ -495,3 +495,13 @@ def test_nt_panel_and_dashboard_load_the_ui_only_when_used():
             "assert not ui(), f'nt.Panel loaded {ui()} before a Panel was made'\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_profile_button_profiles_a_copy_and_shows_the_top_operators(make_panel):
+    panel = make_panel()
+    before = [p.detach().clone() for p in panel.model.parameters()]
+    result = panel.profile(steps=3)
+    assert result is not None and result.operators
+    assert result.operators[0]["name"] in panel.profiled.value
+    assert all(torch.equal(a, b) for a, b in zip(before, panel.model.parameters()))
+    assert panel.run is None   # a profile is not a run on the charts

@@ -275,6 +275,23 @@ class Panel:
         self.dashboard.flush()
         return self._report
 
+    def profile(self, _button=None, steps: int = 10):
+        """Profile `steps` steps of the current settings on a copy of the model
+        (`nt.profile`); the top operators and where the time goes show under the buttons.
+        Blocks the kernel for those steps. Returns the Profile (None if it cannot start)."""
+        if self.running or self.error:
+            return None
+        from .profiling import profile
+        try:
+            result = profile(self.model, self.train_data, self.loss_fn, config=self.config,
+                             steps=steps)
+        except (ConfigError, ValueError, TypeError, RuntimeError) as exc:
+            self._note = f"could not profile: {exc}"
+            self.dashboard.flush()
+            return None
+        self.profiled.value = f"<div style='font-size:11px'>{result._repr_html_()}</div>"
+        return result
+
     @property
     def running(self) -> bool:
         return self.run is not None and self.run.state in ("created", "running")
@@ -310,12 +327,17 @@ class Panel:
         self.stop_button.on_click(self.stop)
         self.resume_button.on_click(self.resume)
         self.report_button.on_click(self.report)
+        self.profile_button = widgets.Button(description="Profile", icon="search",
+                                             tooltip="10 steps of these settings under "
+                                                     "torch.profiler, on a copy of the model")
+        self.profile_button.on_click(self.profile)
+        self.profiled = widgets.HTML(value="")   # the last profile's operators and shares
         self.status = widgets.HTML(value="")     # state, step/total, samples/s, ETA
         self.message = widgets.HTML(value="")    # why a button did nothing, pending settings
         self.resolved = widgets.HTML(value="")   # what "auto" became, and why
         buttons = widgets.HBox([self.train_button, self.stop_button, self.resume_button,
-                                self.report_button])
-        side = widgets.VBox([buttons, self.status, self.message, self.resolved],
+                                self.report_button, self.profile_button])
+        side = widgets.VBox([buttons, self.status, self.message, self.resolved, self.profiled],
                             layout=widgets.Layout(padding="0 0 0 1em", width="44%"))
         self.widget = widgets.VBox([widgets.HBox([tabs, side]), self.dashboard.widget])
         self.widget.add_class("nbtrain-panel")
@@ -420,6 +442,7 @@ class Panel:
         self.resume_button.disabled = self.running or bool(self.error) or self.run is None \
             or self.run.state not in ("stopped", "interrupted")
         self.report_button.disabled = self.running or self.run is None
+        self.profile_button.disabled = self.running or bool(self.error)
 
     def status_text(self) -> str:
         """e.g. 'running · step 120/1,000 · 5,321 samples/s · ETA 0:12'."""
