@@ -28,7 +28,8 @@ def test_demo_adds_one_toggle_per_row_and_ends_at_the_defaults(capsys, monkeypat
     assert list(configs)[0] == "plain loop" and list(configs.values())[-1] == nbtrain.TrainConfig()
     changed = [{k for k, v in b.to_dict().items() if a.to_dict()[k] != v}
                for a, b in zip(list(configs.values()), list(configs.values())[1:])]
-    assert changed[1] == {"optimizer_impl"} and changed[2] == {"amp"}
+    assert changed[1] == {"num_threads"} and changed[2] == {"optimizer_impl"}
+    assert changed[3] == {"amp"}
     runs = demo.run_demo(epochs=1, repeats=2)
     out = capsys.readouterr().out
     assert all(len(rs) == 2 for rs in runs.values())

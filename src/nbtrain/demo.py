@@ -25,6 +25,7 @@ PLAIN = dict(amp="off", batched_fetch=False, num_workers=0, pin_memory=False,
 # The toggles, in the order that explains the difference: each row keeps the ones above.
 STEPS = (
     ("+ batched fetch", ("batched_fetch", "num_workers", "pin_memory", "data_on_device")),
+    ("+ measured threads", ("num_threads",)),
     ("+ fused optimizer", ("optimizer_impl",)),
     ("+ mixed precision", ("amp",)),
 )
@@ -41,7 +42,7 @@ def digits_cnn() -> nn.Module:
 
 def demo_configs(base: TrainConfig) -> dict:
     """'plain loop', then one toggle more per row, ending at `base` ("auto" everywhere)."""
-    plain = dict(PLAIN)
+    plain = dict(PLAIN, num_threads=torch.get_num_threads())   # a plain loop keeps torch's
     configs = {"plain loop": base.replace(**plain)}
     for name, fields in STEPS:
         for field in fields:
@@ -98,5 +99,8 @@ def comparison_table(runs: dict) -> str:
               "adds one toggle to the rows above it, and the last is nbtrain's defaults", "",
               "what 'auto' chose, and why:"]
     width = max(len(k) for k in auto.resolved) + 2
-    lines += [f"  {k:<{width}}{str(v):<7}{why}" for k, (v, why) in auto.resolved.items()]
+    values = {k: f"{v:.4g}" if isinstance(v, float) else str(v)
+              for k, (v, _) in auto.resolved.items()}
+    shown = max(map(len, values.values())) + 2
+    lines += [f"  {k:<{width}}{values[k]:<{shown}}{why}" for k, (_, why) in auto.resolved.items()]
     return "\n".join(lines)
