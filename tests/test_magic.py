@@ -36,7 +36,8 @@ def shell():
         ip.run_line_magic("unload_ext", "nbtrain")
     magic.unload_ipython_extension(ip)
     for name in set(ip.user_ns) - set(ip.user_ns_hidden):   # what the test defined
-        del ip.user_ns[name]
+        if not name.startswith("__"):   # __name__ & co. are the shell's (classes need it)
+            del ip.user_ns[name]
 
 
 @pytest.fixture
