@@ -179,6 +179,8 @@ OPTIONS = [
     ("--no-shuffle", dict(shuffle=False)),
     ("--processes 2", dict(processes=2)),
     ("--processes auto", dict(processes="auto")),
+    ("--cluster ray --processes 2", dict(cluster="ray", processes=2)),
+    ("--gpus-per-worker 1", dict(gpus_per_worker=1)),
     ("--activation-checkpointing 2", dict(activation_checkpointing=2)),
     ("--activation-checkpointing true", dict(activation_checkpointing=True)),
     ("--workers 2 --multiprocessing-context spawn",

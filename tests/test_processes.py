@@ -133,7 +133,9 @@ def test_stop_from_another_thread_ends_both_ranks_at_the_same_step(no_child_left
     assert run.records("train")[-1]["step"] <= run.step
 
 
-def test_a_rank_that_raises_names_rank_batch_and_sample(no_child_left):
+def poisoned():
+    """A dataset whose sample 37 raises; defined in a function, so cloudpickle sends the
+    class by value (as one defined in a notebook cell) to ranks that cannot import tests."""
     class Poisoned(torch.utils.data.Dataset):
         def __len__(self):
             return 128
@@ -143,9 +145,13 @@ def test_a_rank_that_raises_names_rank_batch_and_sample(no_child_left):
                 raise ValueError("unreadable record")
             return torch.randn(8), i % 3
 
+    return Poisoned()
+
+
+def test_a_rank_that_raises_names_rank_batch_and_sample(no_child_left):
     cfg = nt.TrainConfig(processes=2, batch_size=8, epochs=1, num_workers=0)
     with pytest.raises(nt.TrainingError) as info:
-        nt.fit(mlp(), Poisoned(), nn.functional.cross_entropy, config=cfg, progress=False)
+        nt.fit(mlp(), poisoned(), nn.functional.cross_entropy, config=cfg, progress=False)
     text = str(info.value)
     assert "rank " in text and " of 2" in text, text
     assert "sample 37 raised ValueError: unreadable record" in text, text

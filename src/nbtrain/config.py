@@ -108,6 +108,15 @@ class TrainConfig:
         1, AutoOr(Whole(1, 1024)), "device",
         "local processes training data-parallel on torch.distributed (batch_size is per "
         "process); auto: one per visible GPU", label="processes", options=("auto", 1, 2, 4, 8))
+    cluster: Optional[str] = setting(
+        None, Choice(None, "ray"), "device",
+        "None: this machine; 'ray': the same loop in `processes` Ray Train workers on the "
+        "cluster ray.init() finds (RAY_ADDRESS, or a local one)", speed=False)
+    gpus_per_worker: Union[float, str] = setting(
+        "auto", AutoOr(Number(0)), "device",
+        "cluster='ray': GPUs each worker asks Ray for (0: CPU workers, gloo); auto: 1 when "
+        "the cluster has a GPU per worker and device is not 'cpu', else 0", speed=False,
+        label="GPUs per worker", when=("cluster", ("ray",)), options=("auto", 0, 1))
     activation_checkpointing: Union[bool, int] = setting(
         False, AnyOf(Flag(), Whole(1), allowed="True, False or a number of segments >= 1"),
         "device", "recompute an nn.Sequential's activations in backward (True or N segments)",
@@ -387,6 +396,21 @@ def _check_custom_optimizer(cfg: TrainConfig) -> None:
               "foreach=True)")
 
 
+def _check_cluster(cfg: TrainConfig) -> None:
+    if cfg.cluster != "ray":
+        return
+    import importlib.util
+    if importlib.util.find_spec("ray") is None:
+        _fail("cluster", cfg.cluster, 'None: Ray is not installed here (pip install "nbtrain[ray]" '
+              "installs Ray Train)")
+    if cfg.device == "mps" or cfg.device.startswith("cuda:"):
+        _fail("device", cfg.device, "'auto', 'cpu' or 'cuda' when cluster='ray' (Ray gives "
+              "each worker its GPU)")
+    if cfg.activation_checkpointing is not False:
+        _fail("activation_checkpointing", cfg.activation_checkpointing,
+              "False when cluster='ray' (not supported with several processes yet)")
+
+
 def _check_processes(cfg: TrainConfig) -> None:
     if cfg.processes in (1, "auto"):
         return
@@ -398,6 +422,6 @@ def _check_processes(cfg: TrainConfig) -> None:
               f"False when processes={cfg.processes} (not supported with several processes yet)")
 
 
-_RULES = (_check_custom_optimizer, _check_processes, _check_lr_floor, _check_nesterov,
+_RULES = (_check_custom_optimizer, _check_cluster, _check_processes, _check_lr_floor, _check_nesterov,
           _check_worker_options, _check_checkpointing,
           _check_checkpoint_folder)

@@ -71,9 +71,10 @@ RANK_TIMEOUT_S = float(os.environ.get("NBTRAIN_RANK_TIMEOUT_S", 300))
 
 
 def fit(run: Run, model, train_data, loss_fn, val_data, state, *, background: bool,
-        progress, schedule, on_start) -> Run:
+        progress, schedule, on_start, start=None) -> Run:
     """loop.fit for processes > 1: the same Run, trained by `run.resolved["processes"]`
-    rank processes. Raises before any process starts for data that cannot be split."""
+    rank processes. Raises before any process starts for data that cannot be split.
+    `start(payload)`: ranks elsewhere (ray_cluster.Workers), not local processes."""
     cfg, world = run.config, run.resolved["processes"][0]
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}.")
@@ -83,7 +84,7 @@ def fit(run: Run, model, train_data, loss_fn, val_data, state, *, background: bo
             "processes (its sampler is its own). Pass its dataset instead (train_data="
             "loader.dataset) and set batch_size (per process) and num_workers in TrainConfig; "
             "nbtrain then gives each process its share of every epoch.", field="processes")
-    gpus = torch.cuda.device_count() if cfg.device != "cpu" else 0
+    gpus = torch.cuda.device_count() if cfg.device != "cpu" and start is None else 0
     if gpus and world > gpus:
         raise ConfigError(f"TrainConfig.processes={cfg.processes} needs a GPU per process; "
                           f"this machine has {gpus}. Use processes<={gpus} (or 'auto'), or "
@@ -102,7 +103,7 @@ def fit(run: Run, model, train_data, loss_fn, val_data, state, *, background: bo
         from .progress import attach_progress
         attach_progress(run)
     loop._claim(model, run)
-    ranks = Ranks(world, payload)
+    ranks = Ranks(world, payload) if start is None else start(payload)
     if background:
         run.start(threading.Thread(target=_supervise, args=(run, ranks),
                                    name="nbtrain-fit", daemon=True))
@@ -127,7 +128,8 @@ def _prepare_here(run: Run, model, train_data, state, world: int) -> None:
         cfg.batch_size * world, f"batch_size {cfg.batch_size} per process x {world} processes"
         + (f"; {cfg.batch_size * world * cfg.grad_accum_steps} samples per step with "
            f"grad_accum_steps={cfg.grad_accum_steps}" if cfg.grad_accum_steps > 1 else ""))
-    run.resolved["start_method"] = (START_METHOD, START_WHY)
+    if run.config.cluster is None:
+        run.resolved["start_method"] = (START_METHOD, START_WHY)
     run.model = model
     run.optimizer = build_optimizer(model, cfg, run.resolved["optimizer_impl"][0])
     run.schedule = Schedule(cfg, run.total_steps)
@@ -182,6 +184,10 @@ class Ranks:
                 proc.join(5)
         self.queue.cancel_join_thread()
         self.queue.close()
+
+    def running(self, exclude: set) -> list:
+        """The ranks still running, but those in `exclude`."""
+        return [r for r, proc in enumerate(self.procs) if proc.is_alive() and r not in exclude]
 
     def silent(self, done: set) -> Optional[str]:
         """Why a rank that has not reported its end is gone, if one is."""
@@ -288,8 +294,7 @@ def _root_cause(ranks: Ranks, failure, ends: dict, grace_s: float = 3.0):
             failures.sort(key=lambda f: any(w in f[1]["text"] for w in _PEER_LOST))
     rank, body = failures[0]
     if any(word in body["text"] for word in _PEER_LOST):
-        quiet = [r for r, proc in enumerate(ranks.procs)
-                 if proc.is_alive() and r not in {f[0] for f in failures}]
+        quiet = ranks.running(exclude={f[0] for f in failures})
         if quiet:
             body = dict(body, text=f"{body['text']}\n  rank(s) {quiet} sent nothing and are "
                         "still running: they hang (or are far slower); they were stopped")
@@ -447,38 +452,54 @@ class SyncLast:
 
 
 def _rank_main(rank: int, world: int, port: int, blob: bytes, messages, stop) -> None:
-    """One rank: join the group, prepare as one process would, shard, wrap, train, report."""
+    """One local rank process: ignore Ctrl-C, run the rank, flush its messages."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the notebook relays Ctrl-C as a Stop
+
+    def join(cfg: TrainConfig, device: torch.device, timeout_s: float) -> str:
+        if device.type == "cuda":
+            torch.cuda.set_device(rank)   # 'cuda' resolves to this rank's GPU
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=timedelta(seconds=timeout_s))
+        return backend
+
+    try:
+        run_rank(rank, world, blob, messages, stop, join, leave=dist.destroy_process_group)
+    finally:
+        messages.close()
+        messages.join_thread()   # the message is in the pipe before the process exits
+
+
+def run_rank(rank: int, world: int, blob: bytes, messages, stop, join, leave=None,
+             make_run=None) -> Optional[BaseException]:
+    """One rank: join the group (`join(cfg, device, timeout_s)` -> backend), prepare as one
+    process would, shard, wrap, train, report to `messages`. Returns the exception it
+    reported, if any (ray_cluster.py re-raises it so Ray ends the other workers)."""
     started = False
     try:
         payload = _unpack(blob)
         cfg: TrainConfig = payload["config"]
         share = _share_cores(cfg, world)
         device, _ = resolve_device(cfg.device)
-        if device.type == "cuda":
-            torch.cuda.set_device(rank)   # 'cuda' resolves to this rank's GPU
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world, timeout=timedelta(seconds=payload["timeout_s"]))
+        backend = join(cfg, device, payload["timeout_s"])
         control = dist.new_group(backend="gloo") if backend == "nccl" else dist.group.WORLD
-        run = RankRun(cfg, rank, world, messages, stop, control)
+        run = (make_run or RankRun)(cfg, rank, world, messages, stop, control)
         setup = _prepare_rank(run, payload, backend, share)
         messages.put(("ready", rank, {"resolved": dict(run.resolved),
                                       "total_steps": run.total_steps}))
         started = True
         loop._train_safely(run, setup)
-        if run.state == "failed":
-            messages.put(("failed", rank, {"text": str(run.error)}))
-        else:
-            messages.put(("end", rank, _end_report(run)))
-        dist.destroy_process_group()
+        failed = run.error if run.state == "failed" else None
+        messages.put(("failed", rank, {"text": str(run.error)}) if failed is not None
+                     else ("end", rank, _end_report(run)))
+        if leave is not None:
+            leave()
+        return failed
     except BaseException as exc:
         messages.put(("failed", rank, {"text": f"{type(exc).__name__}: {exc}",
                                        "before_start": not started,
                                        "exception": _packed_error(exc)}))
-    finally:
-        messages.close()
-        messages.join_thread()   # the message is in the pipe before the process exits
+        return exc
 
 
 def _share_cores(cfg: TrainConfig, world: int) -> int:

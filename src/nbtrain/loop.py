@@ -77,6 +77,9 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
     run rather than shows it: it may subscribe and call `run.stop()` (lr_find stops once
     the loss diverges, autotune once a trial has been timed).
     """
+    if resume is not None and not isinstance(resume, Run):   # a Ray Result or Checkpoint
+        from .ray_cluster import checkpoint_path
+        resume = checkpoint_path(resume) or resume
     state = ckpt.load(resume) if isinstance(resume, (str, bytes)) or hasattr(resume, "__fspath__") \
         else (resume.checkpoint() if isinstance(resume, Run) else None)
     cfg = _config_from(config, state, resume)
@@ -85,6 +88,11 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
         release_previous_run()
     run = Run(cfg)
     _remember(run)
+    if cfg.cluster == "ray":   # ray_cluster.py runs this same loop in Ray Train's workers
+        from . import ray_cluster
+        return ray_cluster.fit(run, model, train_data, loss_fn, val_data, state,
+                               background=background, progress=progress, schedule=schedule,
+                               on_start=on_start)
     if cfg.processes != 1:   # data-parallel: distributed.py runs this same loop in N processes
         from . import distributed
         if distributed.resolve_processes(run) > 1:
