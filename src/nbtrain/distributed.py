@@ -89,19 +89,10 @@ def fit(run: Run, model, train_data, loss_fn, val_data, state, *, background: bo
         raise ConfigError(f"TrainConfig.processes={cfg.processes} needs a GPU per process; "
                           f"this machine has {gpus}. Use processes<={gpus} (or 'auto'), or "
                           "device='cpu'.", field="processes")
-    loop._refuse_busy(model)
-    _prepare_here(run, model, train_data, state, world)
-    if schedule is not None:
-        run.schedule = schedule(run.schedule)
+    _prepare_here(run, model, train_data, state, world)   # loop.fit refused a busy model
     payload = dict(model=model, train_data=train_data, loss_fn=loss_fn, val_data=val_data,
                    config=cfg, state=state, schedule=schedule, timeout_s=RANK_TIMEOUT_S)
-    if on_start is not None:
-        on_start(run)
-    if callable(progress):
-        progress(run)
-    elif progress:
-        from .progress import attach_progress
-        attach_progress(run)
+    loop.attach_hooks(run, schedule, on_start, progress)
     loop._claim(model, run)
     ranks = Ranks(world, payload) if start is None else start(payload)
     if background:

@@ -104,15 +104,7 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
         ckpt.restore(run, state)
     else:
         torch.manual_seed(cfg.seed)   # dropout and friends repeat; data order has its own RNG
-    if schedule is not None:
-        run.schedule = schedule(run.schedule)
-    if on_start is not None:
-        on_start(run)
-    if callable(progress):   # a viewer (e.g. nt.Dashboard) that subscribes before step 1
-        progress(run)
-    elif progress:
-        from .progress import attach_progress
-        attach_progress(run)
+    attach_hooks(run, schedule, on_start, progress)
     _claim(model, run)
     if background:
         run.start(threading.Thread(target=_train_safely, args=(run, setup),
@@ -138,6 +130,20 @@ def release_previous_run() -> Optional[dict]:
     if previous is None or previous.running:
         return None
     return release(previous)
+
+
+def attach_hooks(run: Run, schedule, on_start, progress) -> None:
+    """fit's hooks, before step 1: the schedule swap, then code that steers the run, then
+    the viewer (e.g. nt.Dashboard, which subscribes), or the progress bar."""
+    if schedule is not None:
+        run.schedule = schedule(run.schedule)
+    if on_start is not None:
+        on_start(run)
+    if callable(progress):
+        progress(run)
+    elif progress:
+        from .progress import attach_progress
+        attach_progress(run)
 
 
 # Which Run trains each model: two runs stepping two optimizers over the same parameters
