@@ -210,8 +210,6 @@ OPTIONS = [
 
 @pytest.mark.parametrize("options, changes", OPTIONS, ids=[o for o, _ in OPTIONS])
 def test_option_reaches_config(ip, calls, options, changes):
-    if changes.get("cluster") == "ray":   # a TrainConfig with cluster="ray" needs Ray here
-        pytest.importorskip("ray", reason='Ray is not installed: pip install "nbtrain[ray]"')
     ip.run_cell(f"%%fasttrain {options}\n{CELL}")
     assert len(calls) == 1
     assert calls[0]["config"] == TrainConfig(**changes)

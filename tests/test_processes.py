@@ -242,3 +242,11 @@ def test_resume_with_the_same_count_is_bit_for_bit_and_another_count_says_so(no_
     assert other.step == 24 and other.state == "finished"
     assert "resumed a run of 2 process(es) with 1: the epoch continues at sample 128" \
         in other.notes[0]
+
+
+def test_without_ray_cluster_ray_says_how_to_install_when_the_run_starts(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "ray", None)   # `import ray` fails, as without Ray
+    cfg = nt.TrainConfig(cluster="ray", processes=2)   # a valid config without Ray
+    with pytest.raises(ConfigError, match=r'pip install "nbtrain\[ray\]"'):
+        nt.fit(mlp(), digits_like(64), nn.functional.cross_entropy, config=cfg, progress=False)

@@ -93,10 +93,3 @@ def test_a_worker_that_raises_is_named_with_its_node(local_ray):
     assert info.value.run.state == "failed"
 
 
-def test_without_ray_cluster_ray_says_how_to_install(monkeypatch):
-    import importlib.util
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "ray" else real(name, *a))
-    with pytest.raises(ConfigError, match=r'pip install "nbtrain\[ray\]"'):
-        nt.TrainConfig(cluster="ray")

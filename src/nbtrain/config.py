@@ -398,11 +398,7 @@ def _check_custom_optimizer(cfg: TrainConfig) -> None:
 
 def _check_cluster(cfg: TrainConfig) -> None:
     if cfg.cluster != "ray":
-        return
-    import importlib.util
-    if importlib.util.find_spec("ray") is None:
-        _fail("cluster", cfg.cluster, 'None: Ray is not installed here (pip install "nbtrain[ray]" '
-              "installs Ray Train)")
+        return   # whether Ray is installed is the machine's question, asked by fit
     if cfg.device == "mps" or cfg.device.startswith("cuda:"):
         _fail("device", cfg.device, "'auto', 'cpu' or 'cuda' when cluster='ray' (Ray gives "
               "each worker its GPU)")

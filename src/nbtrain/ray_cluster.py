@@ -86,7 +86,7 @@ def resolve_workers(run: Run, resources: dict, nodes: int) -> tuple:
 def fit(run: Run, model, train_data, loss_fn, val_data, state, *, background: bool,
         progress, schedule, on_start) -> Run:
     """loop.fit for cluster='ray': distributed.fit's notebook side with Ray's workers."""
-    resources, nodes = connect(run)
+    resources, nodes = connect(run)   # without Ray: a ConfigError saying how to install it
     world, gpus = resolve_workers(run, resources, nodes)
     if gpus and resources.get("GPU", 0) < world * gpus:
         raise ConfigError(f"TrainConfig.processes={world} workers x gpus_per_worker={gpus} "
