@@ -101,6 +101,26 @@ def test_the_cpu_probe_is_cached_per_machine(monkeypatch, tmp_path):
     assert calls == [torch.float32, torch.bfloat16]
 
 
+def test_a_peak_probed_under_load_is_probed_again_when_the_machine_is_quieter(monkeypatch, tmp_path):
+    monkeypatch.setenv("NBTRAIN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(flops, "_PROBED", {})
+    monkeypatch.setattr(flops, "available_cores", lambda: 2)
+    figures = iter([(0.01, 512), (0.08, 1024), (0.05, 1024)])
+    monkeypatch.setattr(flops, "probe_gemm", lambda device, dtype: next(figures))
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(flops.os, "getloadavg", lambda: (6.0, 0, 0))   # others hold the cores
+    assert flops.probed_peak(cpu, "fp32", 2)[0] == 0.01
+    monkeypatch.setattr(flops.os, "getloadavg", lambda: (5.5, 0, 0))   # about as busy: cached
+    assert flops.probed_peak(cpu, "fp32", 2)[0] == 0.01
+    monkeypatch.setattr(flops.os, "getloadavg", lambda: (0.5, 0, 0))   # quiet now: measured again
+    value, source = flops.probed_peak(cpu, "fp32", 2)
+    assert value == 0.08 and "load 0.5" in source
+    monkeypatch.setattr(flops, "_PROBED", {})   # a new process reads the new figure
+    assert flops.probed_peak(cpu, "fp32", 2)[0] == 0.08
+    flops._PROBED[next(iter(flops._PROBED))]["load"] = 9.0   # a lower new figure never wins
+    assert flops.probed_peak(cpu, "fp32", 2)[0] == 0.08
+
+
 def test_probe_gemm_measures_something_sensible():
     tflops, n = flops.probe_gemm(torch.device("cpu"), torch.float32, largest=256)
     assert n == 256 or n == 512 and 0 < tflops < 100
