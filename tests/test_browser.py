@@ -44,6 +44,7 @@ import urllib.request
 from pathlib import Path
 from typing import NamedTuple
 
+import psutil
 import pytest
 
 HERE = Path(__file__).parent
@@ -422,12 +423,26 @@ def test_panel_trains_and_stops_in_jupyterlab(lab, page):
         shutil.copy(SHOTS / "panel_stopped.png", README_SHOT)
 
 
-def _trains_until_stopped(notebook: Path, into: Path) -> None:
-    """A copy of `notebook` whose run goes on until Stop (max_steps far away)."""
+def _trains_until_stopped(notebook: Path, into: Path, more: str = "") -> None:
+    """A copy of `notebook` whose run goes on until Stop (max_steps far away), with the
+    TrainConfig arguments `more` ("processes=2, ") added."""
     nb = json.loads(notebook.read_text())
     for cell in nb["cells"]:
-        cell["source"] = re.sub(r"max_steps=[\d_]+", "max_steps=1_000_000", "".join(cell["source"]))
+        cell["source"] = re.sub(r"max_steps=[\d_]+,", f"max_steps=1_000_000, {more}",
+                                "".join(cell["source"]))
     into.write_text(json.dumps(nb))
+
+
+def _open_and_train(page, lab: Lab, name: str, timeout: float) -> None:
+    """Open notebook `name`, run all its cells, press the panel's Train and wait until
+    every chart holds 5 points."""
+    _open(page, lab, name)
+    assert page.evaluate(RUN_ALL) == "ok", "the kernel did not start within 90 s"
+    train = page.locator(".nbtrain-panel button", has_text="Train")
+    train.wait_for(state="visible", timeout=90_000)
+    page.wait_for_function("() => !document.querySelector('.nbtrain-panel button').disabled")
+    train.click()
+    _poll(page, _enough, timeout, "5 points on the throughput, memory and LR charts")
 
 
 def _grown(before: dict):
@@ -444,13 +459,7 @@ def test_panel_charts_come_back_after_a_page_reload_and_keep_growing(lab, page):
     _trains_until_stopped(NOTEBOOK, lab.root / name)
     errors = []
     page.on("console", lambda m: errors.append(m.text) if "out of bounds" in m.text else None)
-    _open(page, lab, name)
-    assert page.evaluate(RUN_ALL) == "ok", "the kernel did not start within 90 s"
-    train = page.locator(".nbtrain-panel button", has_text="Train")
-    train.wait_for(state="visible", timeout=90_000)
-    page.wait_for_function("() => !document.querySelector('.nbtrain-panel button').disabled")
-    train.click()
-    _poll(page, _enough, 90, "5 points on the throughput, memory and LR charts")
+    _open_and_train(page, lab, name, timeout=90)
 
     # Reload the page while the kernel trains: the saved notebook holds the widget's view,
     # and the widget's state comes from the kernel.
@@ -469,6 +478,50 @@ def test_panel_charts_come_back_after_a_page_reload_and_keep_growing(lab, page):
     assert not errors, errors[:3]
     page.locator(".nbtrain-panel button", has_text="Stop").click()
     _status_starts(page, "stopped")
+
+
+def _rank_processes() -> list:
+    """Children of the kernel's multiprocessing fork server (the ranks it started), found
+    from this test's process tree: the lab server, its kernels, their fork servers."""
+    servers = [p for p in psutil.Process().children(recursive=True)
+               if "forkserver" in " ".join(_cmdline(p))]
+    return [child for server in servers for child in _children(server)]
+
+
+def _cmdline(proc) -> list:
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
+
+
+def _children(proc) -> list:
+    try:
+        return proc.children()
+    except psutil.Error:
+        return []
+
+
+@needs_browser
+def test_panel_with_two_processes_draws_live_and_stop_ends_every_rank(lab, page):
+    name = "panel_processes.ipynb"
+    _trains_until_stopped(NOTEBOOK, lab.root / name, more="processes=2, ")
+    assert "processes=2" in (lab.root / name).read_text()
+    _open_and_train(page, lab, name, timeout=180)   # the ranks start first
+    assert len(_rank_processes()) == 2, "two rank processes train"
+    status = page.locator(".nbtrain-panel .nbtrain-status")
+    assert "running" in status.inner_text(), status.inner_text()
+    page.locator(".nbtrain-panel").screenshot(path=str(SHOTS / "panel_processes.png"))
+
+    page.locator(".nbtrain-panel button", has_text="Stop").click()
+    _status_starts(page, "stopped")
+    page.wait_for_timeout(600)
+    stopped = _points(page)
+    page.wait_for_timeout(2000)
+    assert _points(page) == stopped, "charts still grew after Stop"
+    assert _rank_processes() == [], "a rank process outlived Stop"
+    errors = page.locator("[data-mime-type='application/vnd.jupyter.error']")
+    assert errors.count() == 0, errors.first.inner_text()
 
 
 STATIC_CELLS = [

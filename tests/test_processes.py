@@ -54,11 +54,17 @@ def sgd(**more):
 @pytest.mark.parametrize("accum", [1, 2])
 def test_two_processes_equal_one_with_twice_the_batch(accum, no_child_left):
     data, loss = digits_like(), nn.functional.cross_entropy
+    val = digits_like(101)   # odd: the ranks validate 51 and 50 samples
     one, two = mlp(), mlp()
-    nt.fit(one, data, loss, config=sgd(batch_size=32, grad_accum_steps=accum), progress=False)
-    run = nt.fit(two, data, loss, config=sgd(batch_size=16, grad_accum_steps=accum,
-                                              processes=2), progress=False)
+    alone = nt.fit(one, data, loss, val_data=val, progress=False,
+                   config=sgd(batch_size=32, grad_accum_steps=accum))
+    run = nt.fit(two, data, loss, val_data=val, progress=False,
+                 config=sgd(batch_size=16, grad_accum_steps=accum, processes=2))
     assert run.state == "finished" and run.step == 24
+    assert len(run.records("val")) == len(alone.records("val")) == 24 // (8 // accum)
+    for val_one, val_two in zip(alone.records("val"), run.records("val")):   # every sample once
+        assert val_two["val_loss"] == pytest.approx(val_one["val_loss"], rel=1e-5)
+        assert val_two["val_acc"] == val_one["val_acc"]
     for a, b in zip(one.parameters(), two.parameters()):   # the notebook's model object
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert run.optimizer.state_dict()["state"], "the optimizer state came back for resume"
@@ -118,7 +124,7 @@ def test_fasttrain_trains_classes_defined_in_a_cell_with_two_processes(no_child_
             ip.user_ns.pop(name, None)
 
 
-def test_stop_from_another_thread_ends_both_ranks_at_the_same_step(no_child_left):
+def test_set_lr_reaches_the_ranks_and_stop_ends_both_at_the_same_step(no_child_left):
     model = mlp()
     cfg = nt.TrainConfig(processes=2, batch_size=8, max_steps=10**6, log_every=5)
     run = nt.fit(model, digits_like(), nn.functional.cross_entropy, config=cfg,
@@ -126,6 +132,11 @@ def test_stop_from_another_thread_ends_both_ranks_at_the_same_step(no_child_left
     first = threading.Event()
     run.subscribe(lambda r: first.set() if r["kind"] == "train" else None)
     assert first.wait(180), "no record from the ranks"
+    assert run.step >= 5, "the notebook's Run follows the ranks' step while they train"
+    new_lr = threading.Event()
+    run.subscribe(lambda r: new_lr.set() if r.get("lr") == pytest.approx(0.0123) else None)
+    run.set_lr(0.0123)   # reaches the ranks at their next interval boundary
+    assert new_lr.wait(180), "the ranks did not take the new LR"
     threading.Thread(target=run.stop).start()
     run.wait(180)
     assert run.state == "stopped", run.error   # a rank at another step would fail the run
@@ -250,3 +261,20 @@ def test_without_ray_cluster_ray_says_how_to_install_when_the_run_starts(monkeyp
     cfg = nt.TrainConfig(cluster="ray", processes=2)   # a valid config without Ray
     with pytest.raises(ConfigError, match=r'pip install "nbtrain\[ray\]"'):
         nt.fit(mlp(), digits_like(64), nn.functional.cross_entropy, config=cfg, progress=False)
+
+
+def test_the_notebook_run_keeps_rank_0s_loss_scale_for_checkpoints_and_resume():
+    """fp16 runs on CUDA only; the notebook's side of it is tested here without a GPU."""
+    from nbtrain import distributed
+    from nbtrain.run import Run
+    run = Run(nt.TrainConfig(processes=2, batch_size=8, epochs=1))
+    distributed._prepare_here(run, mlp(), digits_like(), None, 2)
+    state = run.checkpoint()
+    assert state["scaler"] == {}   # no rank has trained yet
+    scale = {"scale": 512.0, "growth_factor": 2.0, "backoff_factor": 0.5,
+             "growth_interval": 2000, "_growth_tracker": 7}
+    distributed._load_state(run, dict(state, scaler=scale))   # what rank 0 sends at the end
+    assert run.checkpoint()["scaler"] == scale
+    resumed = Run(nt.TrainConfig(processes=2, batch_size=8, epochs=2))
+    distributed._prepare_here(resumed, mlp(), digits_like(), run.checkpoint(), 2)
+    assert resumed.checkpoint()["scaler"] == scale   # and on to the ranks in the payload's state

@@ -69,7 +69,7 @@ def test_ray_equals_two_local_processes_and_records_arrive_live(local_ray, tmp_p
     assert any("resumed a run of 2 process(es) with 1" in note for note in again.notes)
 
 
-def test_stop_ends_the_ray_run_at_a_step_boundary(local_ray):
+def test_set_lr_reaches_the_workers_and_stop_ends_the_run_at_a_step_boundary(local_ray):
     cfg = nt.TrainConfig(processes=2, cluster="ray", batch_size=8, max_steps=10**6,
                          log_every=5)
     run = nt.fit(mlp(), digits_like(), nn.functional.cross_entropy, config=cfg,
@@ -77,6 +77,10 @@ def test_stop_ends_the_ray_run_at_a_step_boundary(local_ray):
     first = threading.Event()
     run.subscribe(lambda r: first.set() if r["kind"] == "train" else None)
     assert first.wait(300), "no record from the workers"
+    new_lr = threading.Event()
+    run.subscribe(lambda r: new_lr.set() if r.get("lr") == pytest.approx(0.0123) else None)
+    run.set_lr(0.0123)   # reaches the workers at their next interval boundary
+    assert new_lr.wait(300), "the workers did not take the new LR"
     run.stop()
     run.wait(300)
     assert run.state == "stopped", run.error

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -124,7 +124,7 @@ def _prepare_here(run: Run, model, train_data, state, world: int) -> None:
     run.model = model
     run.optimizer = build_optimizer(model, cfg, run.resolved["optimizer_impl"][0])
     run.schedule = Schedule(cfg, run.total_steps)
-    run.scaler = torch.amp.GradScaler(device.type, enabled=False)
+    run.scaler = KeptScalerState()
     if state is not None:
         ckpt.restore(run, state)
 
@@ -143,19 +143,37 @@ def _per_rank_batches(train_data, cfg: TrainConfig, world: int):
     return batch_count(n // world, cfg.batch_size, cfg.drop_last)
 
 
+class Requests:
+    """What the notebook asks of running ranks: Stop, and a new base LR (`run.set_lr`).
+    The ranks read both at interval boundaries and agree on them (RankRun.stop_requested)."""
+
+    def __init__(self, ctx):
+        self._stop, self._lr = ctx.Event(), ctx.Value("d", 0.0)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def set_lr(self, lr: float) -> None:
+        self._lr.value = lr
+
+    def read(self) -> Tuple[bool, float]:
+        """(Stop asked, the base LR asked for or 0.0)."""
+        return self._stop.is_set(), self._lr.value
+
+
 class Ranks:
-    """The rank processes of one run, their queue of messages and the shared stop flag."""
+    """The rank processes of one run, their queue of messages and the notebook's requests."""
 
     def __init__(self, world: int, payload: dict):
         ctx = mp.get_context(START_METHOD)
         ctx.set_forkserver_preload(["torch", "torch.distributed", "nbtrain.distributed"])
         self.world = world
         self.queue = ctx.Queue()
-        self.stop = ctx.Event()
+        self.requests = Requests(ctx)
         blob = _pack(payload)
         port = _free_port()
         self.procs = [ctx.Process(target=_rank_main, name=f"nbtrain-rank{rank}",
-                                  args=(rank, world, port, blob, self.queue, self.stop))
+                                  args=(rank, world, port, blob, self.queue, self.requests))
                       for rank in range(world)]
         with _main_module_not_rerun():
             for proc in self.procs:
@@ -233,11 +251,11 @@ def _supervise(run: Run, ranks: Ranks) -> None:
     relay Stop; leave no process behind; then finish the Run as the loop would."""
     start, heard = time.perf_counter(), time.monotonic()
     merger, ends, failure = RecordMerger(ranks.world), {}, None
+    relay = _Relay(run, ranks.requests)
     run.state = "running"
     try:
         while len(ends) < ranks.world and failure is None:
-            if run.stop_requested and not ranks.stop.is_set():
-                ranks.stop.set()   # the ranks agree on it at their next interval boundary
+            relay()
             try:
                 kind, rank, body = ranks.queue.get(timeout=0.1)
             except queue_module.Empty:
@@ -246,6 +264,7 @@ def _supervise(run: Run, ranks: Ranks) -> None:
             heard = time.monotonic()
             if kind == "record":
                 for record in merger.add(rank, body):
+                    _follow(run, record)
                     run.emit(record)
             elif kind == "ready" and rank == 0:
                 _take_ready(run, body)
@@ -261,6 +280,33 @@ def _supervise(run: Run, ranks: Ranks) -> None:
         ranks.end(patience_s=30 if failure is None else 0)
         run.wall_s += time.perf_counter() - start
     _finish(run, ends, failure)
+
+
+class _Relay:
+    """Passes the notebook's Stop and set_lr on to the ranks, each once; they take them at
+    their next interval boundary (a new LR from the step after it)."""
+
+    def __init__(self, run: Run, requests):
+        self.run, self.requests = run, requests
+        self.stopped, self.lr = False, self._base_lr()
+
+    def _base_lr(self):
+        return getattr(self.run.schedule, "base_lr", None)   # lr_find swaps the schedule
+
+    def __call__(self) -> None:
+        if self.run.stop_requested and not self.stopped:
+            self.requests.stop()
+            self.stopped = True
+        if self._base_lr() != self.lr:
+            self.lr = self._base_lr()
+            self.requests.set_lr(self.lr)
+
+
+def _follow(run: Run, record: dict) -> None:
+    """The notebook's Run at the ranks' position while they train (the status line, the
+    runs table and the ETA read it); _finish sets the final one from rank 0's state."""
+    if record["kind"] == "train":
+        run.step, run.epoch = record["step"], record.get("epoch", run.epoch)
 
 
 # What a rank raises when another rank is gone: the other rank's failure is the news.
@@ -342,11 +388,27 @@ def _failure_error(run: Run, rank, body: dict) -> BaseException:
     return TrainingError(where + body["text"], run)
 
 
+class KeptScalerState:
+    """The notebook Run's stand-in for the ranks' GradScaler: it scales nothing (the
+    notebook steps no optimizer) and keeps rank 0's state, fp16's loss scale, for the
+    Run's checkpoints and a resume (a disabled GradScaler would drop it)."""
+
+    def __init__(self):
+        self.state: dict = {}
+
+    def state_dict(self) -> dict:
+        return dict(self.state)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.state = dict(state)
+
+
 def _load_state(run: Run, state: dict) -> dict:
-    """Rank 0's model, optimizer, schedule and position into the notebook's Run."""
+    """Rank 0's model, optimizer, schedule, loss scale and position into the notebook's Run."""
     run.model.load_state_dict(state["model"])
     run.optimizer.load_state_dict(state["optimizer"])
     run.schedule.load_state_dict(state["schedule"])
+    run.scaler.load_state_dict(state["scaler"])
     run.step, run.epoch, run.batch_in_epoch = (state["position"][k] for k in
                                                ("step", "epoch", "batch_in_epoch"))
     return state["rng"]
@@ -363,7 +425,7 @@ class RecordMerger:
         if record["kind"] == "end":
             return []
         if record["kind"] != "train":
-            return [record] if rank == 0 else []   # every rank validates on all the data
+            return [record] if rank == 0 else []   # validation: already summed over the ranks
         parts = self.waiting.setdefault(record["step"], {})
         parts[rank] = record
         if len(parts) < self.world:
@@ -388,15 +450,16 @@ def merge_ranks(records: list) -> dict:
 
 # -- a rank's side ------------------------------------------------------------------------------
 class RankRun(Run):
-    """A rank's Run: records go to the notebook too; Stop is agreed by every rank at
-    interval boundaries (one all_reduce of a flag every log_every steps, on a gloo group:
-    no GPU sync); only rank 0 writes checkpoints."""
+    """A rank's Run: records go to the notebook too; the notebook's Stop and set_lr are
+    agreed by every rank at interval boundaries (one all_reduce every log_every steps, on
+    a gloo group: no GPU sync); only rank 0 writes checkpoints."""
 
-    def __init__(self, config: TrainConfig, rank: int, world: int, messages, stop, control):
+    def __init__(self, config: TrainConfig, rank: int, world: int, messages, requests,
+                 control):
         super().__init__(config)
         self.rank, self.world, self.messages = rank, world, messages
         self.resolved["processes"] = (world, "asked for")   # for a resume's position
-        self._notebook_stop, self._control = stop, control
+        self._requests, self._control = requests, control
         self._agreed, self._agreed_at = False, None
 
     def emit(self, record: dict, keep: bool = True) -> None:
@@ -410,10 +473,14 @@ class RankRun(Run):
         if self._agreed or self.step == self._agreed_at or self.step % self.config.log_every:
             return self._agreed
         self._agreed_at = self.step
-        wanted = self._stop.is_set() or self._notebook_stop.is_set()
-        flag = torch.tensor([int(wanted)])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._control)
-        self._agreed = bool(flag.item())
+        stop, lr = self._requests.read()
+        # rank 0's reading of the LR counts: the notebook may change it between two reads
+        asked = torch.tensor([float(stop or self._stop.is_set()), lr if self.rank == 0 else 0.0],
+                             dtype=torch.float64)
+        dist.all_reduce(asked, op=dist.ReduceOp.SUM, group=self._control)
+        self._agreed = asked[0].item() > 0
+        if asked[1].item() > 0 and hasattr(self.schedule, "base_lr"):
+            self.schedule.base_lr = asked[1].item()
         return self._agreed
 
     def save(self, path) -> str:
@@ -442,7 +509,7 @@ class SyncLast:
         return self.forward(*args, **kwargs)
 
 
-def _rank_main(rank: int, world: int, port: int, blob: bytes, messages, stop) -> None:
+def _rank_main(rank: int, world: int, port: int, blob: bytes, messages, requests) -> None:
     """One local rank process: ignore Ctrl-C, run the rank, flush its messages."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the notebook relays Ctrl-C as a Stop
 
@@ -455,13 +522,14 @@ def _rank_main(rank: int, world: int, port: int, blob: bytes, messages, stop) ->
         return backend
 
     try:
-        run_rank(rank, world, blob, messages, stop, join, leave=dist.destroy_process_group)
+        run_rank(rank, world, blob, messages, requests, join,
+                 leave=dist.destroy_process_group)
     finally:
         messages.close()
         messages.join_thread()   # the message is in the pipe before the process exits
 
 
-def run_rank(rank: int, world: int, blob: bytes, messages, stop, join, leave=None,
+def run_rank(rank: int, world: int, blob: bytes, messages, requests, join, leave=None,
              make_run=None) -> Optional[BaseException]:
     """One rank: join the group (`join(cfg, device, timeout_s)` -> backend), prepare as one
     process would, shard, wrap, train, report to `messages`. Returns the exception it
@@ -474,7 +542,7 @@ def run_rank(rank: int, world: int, blob: bytes, messages, stop, join, leave=Non
         device, _ = resolve_device(cfg.device)
         backend = join(cfg, device, payload["timeout_s"])
         control = dist.new_group(backend="gloo") if backend == "nccl" else dist.group.WORLD
-        run = (make_run or RankRun)(cfg, rank, world, messages, stop, control)
+        run = (make_run or RankRun)(cfg, rank, world, messages, requests, control)
         setup = _prepare_rank(run, payload, backend, share)
         messages.put(("ready", rank, {"resolved": dict(run.resolved),
                                       "total_steps": run.total_steps}))
@@ -516,6 +584,7 @@ def _prepare_rank(run: RankRun, payload: dict, backend: str, share: int):
     if cfg.num_threads == "auto" and setup.device.type == "cpu":
         run.resolved["num_threads"] = (share, f"{share * run.world} cores split between {run.world} processes")
     _agree_on_amp(run, setup)
+    _shard_validation(run, setup)
     ddp = DistributedDataParallel(model, device_ids=[setup.device.index]
                                   if setup.device.type == "cuda" else None)
     setup.forward = SyncLast(ddp, torch.compile(ddp) if cfg.compile else ddp, setup)
@@ -526,6 +595,22 @@ def _prepare_rank(run: RankRun, payload: dict, backend: str, share: int):
     if payload["schedule"] is not None:
         run.schedule = payload["schedule"](run.schedule)
     return setup
+
+
+def _shard_validation(run: RankRun, setup) -> None:
+    """Each rank validates its share of val_data (every sample, once over the ranks) and
+    loop.evaluate sums the shares' totals. Your own DataLoader cannot be split: every rank
+    validates all of it, and the sums over the ranks still give its mean."""
+    if setup.val_batches is None:
+        return
+    plan = getattr(setup.val_batches, "sampler", setup.val_batches)
+    if hasattr(plan, "shard"):
+        plan.shard(run.rank, run.world, every_sample=True)
+
+    def sum_ranks(totals: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(totals)
+        return totals
+    setup.sum_ranks = sum_ranks
 
 
 def _agree_on_amp(run: RankRun, setup) -> None:

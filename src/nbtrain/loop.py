@@ -49,6 +49,7 @@ class Setup:
     loss_fn: Optional[Callable]
     params: list
     val_move: Optional[Callable] = None   # validation data is resolved (pinned, resident) apart
+    sum_ranks: Callable = torch.clone   # the validation sums of every process (distributed.py)
     # where the loop is, for a failure's report and a resume from mid-step:
     boundary_rng: Optional[dict] = None   # the RNG at the last step boundary (see _train)
     window: tuple = ()                    # the batches of the step in progress
@@ -555,10 +556,15 @@ def evaluate(run: Run, setup: Setup) -> dict:
         else:
             classified = False
     run.model.train()
+    # one host read per validation; with several processes, the sums of all their shards
+    totals = setup.sum_ranks(torch.stack([loss_sum.double(), correct.double(),
+                                          torch.tensor(float(count), device=setup.device),
+                                          torch.tensor(float(not classified), device=setup.device)]))
+    loss_sum, correct, count, unclassified = totals.tolist()
     record = {"kind": "val", "step": run.step, "epoch": run.epoch,
-              "val_loss": loss_sum.item() / max(count, 1)}   # host read, once per validation
-    if classified and count:
-        record["val_acc"] = correct.item() / count
+              "val_loss": loss_sum / max(count, 1)}
+    if not unclassified and count:
+        record["val_acc"] = correct / count
     return record
 
 

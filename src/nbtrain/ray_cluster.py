@@ -7,7 +7,7 @@ whatever cluster `ray.init()` finds (RAY_ADDRESS, or a local instance it starts)
 joins the workers into one torch.distributed group (gloo on CPU, nccl on GPU). The
 workers' messages come back through a `ray.util.queue.Queue` (an actor), so the
 notebook's side is distributed.py's own: records merged into the notebook's one Run,
-Stop agreed by the workers at interval boundaries (a stop-flag actor they read), rank
+Stop and set_lr agreed by the workers at interval boundaries (an actor they read), rank
 0's weights loaded into the user's model. Checkpoints go through Ray's checkpointing to
 `checkpoint_dir` (Ray's `storage_path`); `resume=` takes the Result, a Checkpoint or its
 folder.
@@ -99,40 +99,43 @@ def fit(run: Run, model, train_data, loss_fn, val_data, state, *, background: bo
 
 
 # -- the notebook's side ------------------------------------------------------------------------
-class _Flag:
-    """The notebook's Stop as the workers see it: an actor they ask (once per interval)."""
+class _Requests:
+    """The notebook's Stop and set_lr as the workers see them (distributed.Requests's
+    interface): an actor they ask once per interval."""
 
     def __init__(self, ray):
         @ray.remote(num_cpus=0)
-        class StopFlag:
+        class Requests:
             def __init__(self):
-                self.value = False
+                self.stopped, self.lr = False, 0.0
 
-            def set(self):
-                self.value = True
+            def stop(self):
+                self.stopped = True
 
-            def is_set(self):
-                return self.value
+            def set_lr(self, lr):
+                self.lr = lr
 
-        self.actor, self._set = StopFlag.remote(), False
+            def read(self):
+                return self.stopped, self.lr
 
-    def set(self) -> None:
-        self._set = True
-        self.actor.set.remote()
+        self.actor = Requests.remote()
 
-    def is_set(self) -> bool:
-        return self._set
+    def stop(self) -> None:
+        self.actor.stop.remote()
+
+    def set_lr(self, lr: float) -> None:
+        self.actor.set_lr.remote(lr)
 
 
-class _RemoteFlag:
-    """What a worker holds: is_set() asks the actor."""
+class _RemoteRequests:
+    """What a worker holds: read() asks the actor."""
 
     def __init__(self, actor):
         self.actor = actor
 
-    def is_set(self) -> bool:
+    def read(self) -> tuple:
         import ray
-        return ray.get(self.actor.is_set.remote())
+        return ray.get(self.actor.read.remote())
 
 
 class _Messages:
@@ -152,14 +155,14 @@ class _Messages:
 
 class Workers:
     """One run's Ray Train job, with distributed.Ranks's interface for _supervise: the
-    message queue, the stop flag, who is still running, why one is gone, the end."""
+    message queue, the notebook's requests, who is still running, why one is gone, the end."""
 
     def __init__(self, run: Run, world: int, gpus: float, payload: dict):
         ray = _ray()
         from ray.train import FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchConfig, TorchTrainer
         cfg = run.config
-        self.world, self.queue, self.stop = world, _Messages(ray), _Flag(ray)
+        self.world, self.queue, self.requests = world, _Messages(ray), _Requests(ray)
         self.result, self.error = None, None
         storage = (cfg.checkpoint_dir if "://" in cfg.checkpoint_dir   # s3://, gs://...
                    else os.path.abspath(cfg.checkpoint_dir)) if cfg.checkpoint_dir \
@@ -171,7 +174,7 @@ class Workers:
         self.trainer = TorchTrainer(
             _worker_main,
             train_loop_config={"blob": distributed._pack(payload),
-                               "queue": self.queue.ray_queue, "stop": self.stop.actor},
+                               "queue": self.queue.ray_queue, "requests": self.requests.actor},
             scaling_config=ScalingConfig(num_workers=world, use_gpu=bool(gpus),
                                          resources_per_worker={"GPU": gpus} if gpus else None),
             torch_config=TorchConfig(backend="nccl" if gpus else "gloo",
@@ -206,7 +209,7 @@ class Workers:
         others), then free the queue and flag actors."""
         self.thread.join(max(patience_s, 60))
         ray = _ray()
-        for actor in (self.queue.ray_queue.actor, self.stop.actor):
+        for actor in (self.queue.ray_queue.actor, self.requests.actor):
             ray.kill(actor)
 
 
@@ -230,7 +233,8 @@ def _worker_main(config: dict) -> None:
 
     messages = _Named(config["queue"], where)
     failed = distributed.run_rank(rank, world, config["blob"], messages,
-                                  _RemoteFlag(config["stop"]), join, make_run=make_run)
+                                  _RemoteRequests(config["requests"]), join,
+                                  make_run=make_run)
     if failed is not None:   # Ray ends the other workers and the job
         raise RuntimeError(f"rank {rank}: {where}{failed}")
 

@@ -41,10 +41,13 @@ class EpochPlan:
             n, batch_size, shuffle, drop_last, seed
         self.total = n   # samples of the whole data; n: this rank's share
 
-    def shard(self, rank: int, world: int) -> None:
-        """Serve this rank's share of each epoch (the last total % world samples of an
-        epoch's order are left out, so every rank steps as often)."""
-        self.rank, self.world, self.n = rank, world, self.total // world
+    def shard(self, rank: int, world: int, every_sample: bool = False) -> None:
+        """Serve this rank's share of each epoch. For training the last total % world
+        samples of an epoch's order are left out, so every rank steps as often;
+        `every_sample` (validation, which steps no optimizer) keeps them: the first ranks
+        then hold one sample more."""
+        self.rank, self.world = rank, world
+        self.n = len(range(rank, self.total, world)) if every_sample else self.total // world
 
     def order(self, epoch: int) -> torch.Tensor:
         """This rank's samples of `epoch`, in order."""
