@@ -160,14 +160,48 @@ def poisoned():
 
 
 def test_a_rank_that_raises_names_rank_batch_and_sample(no_child_left):
-    cfg = nt.TrainConfig(processes=2, batch_size=8, epochs=1, num_workers=0)
+    cfg = nt.TrainConfig(processes=2, batch_size=8, epochs=1, num_workers=0, log_every=1)
+    model = mlp()
+    before = [p.detach().clone() for p in model.parameters()]
     with pytest.raises(nt.TrainingError) as info:
-        nt.fit(mlp(), poisoned(), nn.functional.cross_entropy, config=cfg, progress=False)
+        nt.fit(model, poisoned(), nn.functional.cross_entropy, config=cfg, progress=False)
     text = str(info.value)
     assert "rank " in text and " of 2" in text, text
     assert "sample 37 raised ValueError: unreadable record" in text, text
     assert "loading batch" in text, text
-    assert info.value.run.state == "failed"
+    run = info.value.run
+    assert run.state == "failed"
+    # the model kept its weights, so the Run keeps its position: a resume repeats nothing
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert (run.step, run.epoch, run.batch_in_epoch) == (0, 0, 0)
+
+
+def test_the_relay_sends_an_lr_set_before_it_started():
+    from nbtrain import distributed
+    from nbtrain.run import Run
+    from nbtrain.schedule import Schedule
+
+    class Requests:
+        def __init__(self):
+            self.sent = []
+
+        def stop(self):
+            self.sent.append("stop")
+
+        def set_lr(self, lr):
+            self.sent.append(lr)
+
+    run, requests = Run(nt.TrainConfig(lr=0.1)), Requests()
+    run.schedule = Schedule(run.config, 100)
+    run.set_lr(0.05)   # e.g. Panel.resume, right after fit(background=True) returned
+    relay = distributed._Relay(run, requests)
+    relay()
+    relay()
+    run.set_lr(0.02)
+    run.stop()
+    relay()
+    relay()
+    assert requests.sent == [0.05, "stop", 0.02]
 
 
 def test_own_dataloader_is_refused_before_any_process_starts():

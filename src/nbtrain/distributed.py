@@ -251,6 +251,7 @@ def _supervise(run: Run, ranks: Ranks) -> None:
     relay Stop; leave no process behind; then finish the Run as the loop would."""
     start, heard = time.perf_counter(), time.monotonic()
     merger, ends, failure = RecordMerger(ranks.world), {}, None
+    position = (run.step, run.epoch, run.batch_in_epoch)   # _follow moves it while they train
     relay = _Relay(run, ranks.requests)
     run.state = "running"
     try:
@@ -279,7 +280,7 @@ def _supervise(run: Run, ranks: Ranks) -> None:
     finally:
         ranks.end(patience_s=30 if failure is None else 0)
         run.wall_s += time.perf_counter() - start
-    _finish(run, ends, failure)
+    _finish(run, ends, failure, position)
 
 
 class _Relay:
@@ -288,7 +289,9 @@ class _Relay:
 
     def __init__(self, run: Run, requests):
         self.run, self.requests = run, requests
-        self.stopped, self.lr = False, self._base_lr()
+        # None: the first call sends the LR, even one set before the relay started
+        # (on_start, Panel.resume right after fit returns)
+        self.stopped, self.lr = False, None
 
     def _base_lr(self):
         return getattr(self.run.schedule, "base_lr", None)   # lr_find swaps the schedule
@@ -299,7 +302,8 @@ class _Relay:
             self.stopped = True
         if self._base_lr() != self.lr:
             self.lr = self._base_lr()
-            self.requests.set_lr(self.lr)
+            if self.lr is not None:
+                self.requests.set_lr(self.lr)
 
 
 def _follow(run: Run, record: dict) -> None:
@@ -353,10 +357,14 @@ def _take_ready(run: Run, body: dict) -> None:
     run.total_steps = body["total_steps"]
 
 
-def _finish(run: Run, ends: dict, failure) -> None:
+def _finish(run: Run, ends: dict, failure, position: tuple) -> None:
     """End the notebook's Run as the loop ends its own: rank 0's weights, optimizer state,
-    position and RNG in the Run; the error of a failed rank, naming it."""
+    position and RNG in the Run; the error of a failed rank, naming it. Without rank 0's
+    state the Run keeps what it had before, its `position` too, so a resume repeats
+    nothing and skips nothing."""
     rng = None
+    if failure is not None or len({e["step"] for e in ends.values()}) > 1:
+        run.step, run.epoch, run.batch_in_epoch = position
     if failure is not None:
         rank, body = failure
         run.state = "interrupted" if body.get("interrupted") else "failed"

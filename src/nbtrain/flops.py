@@ -173,10 +173,10 @@ def probed_peak(device: torch.device, prec: str, threads: int) -> tuple:
         entry = _PROBED[key] = _probe_again(machine, entry, device, prec, threads)
         with atomic_write(path, "w") as f:
             json.dump(entry, f, indent=1)
-    threads_note = f", {threads} threads" if device.type == "cpu" else ""
+    where = (f", {threads} threads, load {entry['load']:.1f}" if device.type == "cpu"
+             and "load" in entry else "")   # GPU entries (and old files) have no load
     return entry["tflops"], (f"{entry['machine']} {prec}: measured, best of {REPS} "
-                             f"{entry['n']}x{entry['n']} matmuls{threads_note}, load "
-                             f"{entry['load']:.1f} (cached in {path})")
+                             f"{entry['n']}x{entry['n']} matmuls{where} (cached in {path})")
 
 
 def _stale(entry: dict, device: torch.device) -> bool:

@@ -557,9 +557,11 @@ def evaluate(run: Run, setup: Setup) -> dict:
             classified = False
     run.model.train()
     # one host read per validation; with several processes, the sums of all their shards
-    totals = setup.sum_ranks(torch.stack([loss_sum.double(), correct.double(),
-                                          torch.tensor(float(count), device=setup.device),
-                                          torch.tensor(float(not classified), device=setup.device)]))
+    wide = torch.float32 if setup.device.type == "mps" else torch.float64   # MPS has no float64
+    totals = setup.sum_ranks(torch.stack([
+        loss_sum.to(wide), correct.to(wide),
+        torch.tensor(count, dtype=wide, device=setup.device),
+        torch.tensor(float(not classified), dtype=wide, device=setup.device)]))
     loss_sum, correct, count, unclassified = totals.tolist()
     record = {"kind": "val", "step": run.step, "epoch": run.epoch,
               "val_loss": loss_sum / max(count, 1)}
