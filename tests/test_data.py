@@ -98,6 +98,58 @@ def test_batched_fetch_with_workers_is_refused():
                      torch.device("cpu"), {})
 
 
+def test_data_on_device_with_workers_is_refused_naming_both():
+    with pytest.raises(nt.ConfigError, match="data_on_device=True with num_workers=2") as info:
+        make_batches((torch.randn(10, 2),), TrainConfig(data_on_device=True, num_workers=2),
+                     torch.device("meta"), {})
+    assert info.value.field == "data_on_device" and "got TensorDataset" not in str(info.value)
+
+
+def test_a_batch_of_strings_counts_its_samples_not_characters():
+    from nbtrain.data.nested import batch_len
+    texts = ["hello world", "a", "bc"]
+    assert batch_len((texts, torch.tensor([0, 1, 1]))) == 3
+    assert batch_len({"text": texts, "label": torch.tensor([0, 1, 1])}) == 3
+    assert batch_len([[torch.zeros(3, 2)], torch.zeros(3)]) == 3   # tensors still lead
+
+
+def test_a_dataset_sent_by_value_keeps_its_batched_fetch():
+    import pickle
+
+    from nbtrain.data.batches import ByValue
+
+    class Rows(torch.utils.data.Dataset):   # defined here: workers cannot import it
+        def __len__(self):
+            return 10
+
+        def __getitem__(self, i):
+            return ("one", i)
+
+        def __getitems__(self, indices):
+            return [("many", i) for i in indices]
+
+    wrapped = pickle.loads(pickle.dumps(ByValue(Rows())))   # as a spawned worker gets it
+    assert wrapped.__getitems__([1, 2]) == [("many", 1), ("many", 2)]
+    plain = ByValue(torch.utils.data.TensorDataset(torch.arange(4)))
+    assert [int(row[0]) for row in plain.__getitems__([3, 0])] == [3, 0]
+
+
+def test_the_first_batch_under_a_prefetcher_starts_no_worker():
+    from types import SimpleNamespace
+
+    from nbtrain.data import first_batch
+
+    class Pids(torch.utils.data.Dataset):
+        def __len__(self):
+            return 16
+
+        def __getitem__(self, i):
+            return torch.tensor(os.getpid())
+    batches = make_batches(Pids(), TrainConfig(batch_size=4, num_workers=1), torch.device("cpu"), {})
+    prefetcher = SimpleNamespace(source=batches, epoch=lambda *a: pytest.fail("loaded ahead"))
+    assert first_batch(prefetcher).tolist() == [os.getpid()] * 4
+
+
 def test_nested_batches_move_as_a_whole():
     move = make_mover(torch.device("meta"), pinned=False, resident=False, channels_last=False)
     batch = {"x": torch.randn(2, 3), "pair": (torch.zeros(2), [torch.ones(2)]), "n": 3}

@@ -49,6 +49,30 @@ def test_round_trip(tmp_path, shards, compression):
     assert torch.equal(scalar[7], torch.tensor(14))
 
 
+def test_mapping_samples_that_are_not_dicts_are_packed_by_key(tmp_path):
+    from collections.abc import Mapping
+
+    class Encoding(Mapping):   # as a tokenizer's BatchEncoding: a Mapping, not a dict
+        def __init__(self, i):
+            self.data = {"input_ids": torch.tensor([i, i + 1]), "label": i % 2}
+
+        def __getitem__(self, key):
+            return self.data[key]
+
+        def __iter__(self):
+            return iter(self.data)
+
+        def __len__(self):
+            return len(self.data)
+
+    paths = pack_tfrecord([Encoding(i) for i in range(4)], tmp_path / "enc.tfrecord",
+                          progress=False)
+    ds = TFRecordDataset(paths, features={"input_ids": ("int", (2,)), "label": ("int", ())},
+                         cache_dir=tmp_path / "cache")
+    ids, label = ds[3]   # in the order of `features`
+    assert torch.equal(ids, torch.tensor([3, 4])) and int(label) == 1
+
+
 def test_gzip_is_read_from_one_decompressed_copy_in_the_cache(tmp_path):
     pack_tfrecord(Mixed(), tmp_path / "mixed.tfrecord.gz", compression="gzip", progress=False)
     ds = TFRecordDataset(tmp_path / "mixed.tfrecord.gz", features=MIXED, cache_dir=tmp_path / "c")

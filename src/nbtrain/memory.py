@@ -187,10 +187,14 @@ def leaves_no_trace(model: torch.nn.Module):
     # (and never initializes CUDA for a CPU model)
     cuda = sorted({t.device.index for t in itertools.chain(model.parameters(), model.buffers())
                    if t.device.type == "cuda"})
+    mps = any(t.device.type == "mps" for t in itertools.chain(model.parameters(), model.buffers()))
+    mps_rng = torch.mps.get_rng_state() if mps else None   # fork_rng forks one device type
     try:
         with torch.random.fork_rng(devices=cuda, device_type="cuda"):
             yield
     finally:
+        if mps_rng is not None:
+            torch.mps.set_rng_state(mps_rng)
         for p, grad in zip(params, grads):
             p.grad = grad
         with torch.no_grad():

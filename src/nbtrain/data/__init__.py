@@ -55,6 +55,11 @@ def _given_loader(loader: DataLoader, cfg: TrainConfig, resolved: Resolved):
 
 def _tensor_source(tensors, cfg: TrainConfig, device, resolved: Resolved):
     workers = cfg.num_workers
+    if cfg.data_on_device is True and workers not in ("auto", 0) and device.type != "cpu":
+        raise ConfigError(f"TrainConfig.data_on_device=True with num_workers={workers} is not "
+                          "allowed: workers load per sample on the CPU, while data_on_device "
+                          "keeps the tensors on the device. Set num_workers=0 (or 'auto'), "
+                          "or data_on_device='auto'.", field="data_on_device")
     if cfg.batched_fetch is True and workers not in ("auto", 0):
         raise ConfigError(f"TrainConfig.batched_fetch=True with num_workers={workers} is not "
                           "allowed: batched fetch serves tensors from the main process. "
@@ -197,6 +202,7 @@ def _resolve_workers(cfg: TrainConfig) -> Tuple[int, str]:
 
 def first_batch(source):
     """The first batch of epoch 0, loaded in this process (no workers started)."""
+    source = getattr(source, "source", source)   # under a CudaPrefetcher
     if isinstance(source, LoaderBatches):
         from torch.utils.data import default_collate
         indices = source.sample_indices(0, 0)

@@ -257,6 +257,12 @@ class ByValue(Dataset):
     def __getitem__(self, index):
         return self.dataset[index]
 
+    def __getitems__(self, indices):
+        """The dataset's own batched fetch when it has one (the loader looks for it)."""
+        if hasattr(self.dataset, "__getitems__"):
+            return self.dataset.__getitems__(indices)
+        return [self.dataset[i] for i in indices]
+
     def __reduce__(self):
         import cloudpickle
         return (_rebuild, (cloudpickle.dumps(self.dataset),))

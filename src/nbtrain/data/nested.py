@@ -54,7 +54,15 @@ def structure(batch, leaf: Callable):
 
 def batch_len(batch) -> int:
     """Samples in a batch: the length of its first tensor (the first element of tuples and
-    lists, the first value of a mapping, as deep as they nest)."""
+    lists, the first value of a mapping, as deep as they nest), or of its first list of
+    plain items: collate keeps strings as a list with one per sample."""
     while isinstance(batch, (tuple, list, Mapping)):
-        batch = next(iter(batch.values())) if isinstance(batch, Mapping) else batch[0]
+        first = next(iter(batch.values())) if isinstance(batch, Mapping) else batch[0]
+        if not isinstance(batch, Mapping) and not _holds_samples(first):
+            return len(batch)   # ["a text", "another"]: not the first string's characters
+        batch = first
     return len(batch)
+
+
+def _holds_samples(item) -> bool:
+    return isinstance(item, (tuple, list, Mapping)) or hasattr(item, "shape")

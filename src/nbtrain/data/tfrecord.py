@@ -24,6 +24,7 @@ import hashlib
 import os
 import shutil
 import struct
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Callable, List, NamedTuple, Optional
 
@@ -89,7 +90,7 @@ def _feature(item):
 def encode_example(sample, names=None) -> bytes:
     """One sample (a dict, a tuple or a single item) as a serialized tf.train.Example."""
     pb = protos()
-    if isinstance(sample, dict):
+    if isinstance(sample, Mapping):   # a dict, or a tokenizer's BatchEncoding
         items = {str(k): v for k, v in sample.items()}
     else:
         values = tuple(sample) if isinstance(sample, (tuple, list)) else (sample,)
