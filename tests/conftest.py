@@ -1,4 +1,5 @@
 import sys
+from collections.abc import Mapping
 
 import pytest
 import torch
@@ -50,6 +51,22 @@ def torch_threads(request):
     torch.set_num_threads(request.param)
     yield
     torch.set_num_threads(before)
+
+
+class Encoding(Mapping):
+    """What transformers' BatchEncoding is: a Mapping, not a dict."""
+
+    def __init__(self, **data):
+        self.data = data
+
+    def __getitem__(self, key):
+        return self.data[key]
+
+    def __iter__(self):
+        return iter(self.data)
+
+    def __len__(self):
+        return len(self.data)
 
 
 def mlp(dropout: float = 0.0) -> nn.Module:

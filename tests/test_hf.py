@@ -87,21 +87,7 @@ def test_a_model_that_returns_no_loss_says_to_pass_labels():
 
 
 def test_a_mapping_that_is_not_a_dict_is_a_batch_everywhere():
-    from collections.abc import Mapping
-
-    class Encoding(Mapping):   # what transformers' BatchEncoding is: a Mapping, not a dict
-        def __init__(self, **data):
-            self.data = data
-
-        def __getitem__(self, key):
-            return self.data[key]
-
-        def __iter__(self):
-            return iter(self.data)
-
-        def __len__(self):
-            return len(self.data)
-
+    from conftest import Encoding
     batch = Encoding(input_ids=torch.zeros(5, 7, dtype=torch.long), mask=torch.ones(5, 7))
     assert batch_len(batch) == 5   # samples, not the 2 keys
     assert len(tensors(batch)) == 2

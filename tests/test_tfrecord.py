@@ -50,23 +50,9 @@ def test_round_trip(tmp_path, shards, compression):
 
 
 def test_mapping_samples_that_are_not_dicts_are_packed_by_key(tmp_path):
-    from collections.abc import Mapping
-
-    class Encoding(Mapping):   # as a tokenizer's BatchEncoding: a Mapping, not a dict
-        def __init__(self, i):
-            self.data = {"input_ids": torch.tensor([i, i + 1]), "label": i % 2}
-
-        def __getitem__(self, key):
-            return self.data[key]
-
-        def __iter__(self):
-            return iter(self.data)
-
-        def __len__(self):
-            return len(self.data)
-
-    paths = pack_tfrecord([Encoding(i) for i in range(4)], tmp_path / "enc.tfrecord",
-                          progress=False)
+    from conftest import Encoding   # a tokenizer's BatchEncoding: a Mapping, not a dict
+    samples = [Encoding(input_ids=torch.tensor([i, i + 1]), label=i % 2) for i in range(4)]
+    paths = pack_tfrecord(samples, tmp_path / "enc.tfrecord", progress=False)
     ds = TFRecordDataset(paths, features={"input_ids": ("int", (2,)), "label": ("int", ())},
                          cache_dir=tmp_path / "cache")
     ids, label = ds[3]   # in the order of `features`
