@@ -1,8 +1,13 @@
 import pytest
 import torch
+from torch.nn import functional as F
 
 import nbtrain as nt
 from nbtrain import ConfigError, TrainConfig
+from nbtrain.config import SETTINGS
+from nbtrain.data.batches import epoch_order
+
+from conftest import mlp, quick
 
 
 @pytest.mark.parametrize("field, value, allowed", [
@@ -134,3 +139,20 @@ def test_checkpoint_every_needs_a_folder():
 
 def test_a_list_of_betas_from_json_becomes_the_tuple():
     assert TrainConfig.from_dict({"betas": [0.8, 0.9]}).betas == (0.8, 0.9)
+
+
+def test_every_accepted_seed_shuffles_without_overflowing_torchs_seed():
+    low, high = SETTINGS["seed"].kind.low, SETTINGS["seed"].kind.high
+    for seed, epoch in ((low, 0), (high, 0), (high, 2**40)):   # 2**40: more than any run's epochs
+        assert len(epoch_order(4, True, seed, epoch)) == 4
+    for seed in (low - 1, high + 1, 2**63):
+        with pytest.raises(ConfigError, match=f"from {low:,} to {high:,}") as err:
+            TrainConfig(seed=seed)
+        assert err.value.field == "seed"
+
+
+def test_the_highest_seed_trains_shuffled(blobs):
+    high = SETTINGS["seed"].kind.high
+    run = nt.fit(mlp(), blobs, F.cross_entropy, config=quick(seed=high, max_steps=2),
+                 progress=False)
+    assert run.state == "finished"

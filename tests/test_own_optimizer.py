@@ -55,6 +55,53 @@ def test_a_factory_whose_lr_differs_from_the_configs_says_which_to_set(blobs):
         nt.fit(mlp(), blobs, F.cross_entropy, config=cfg, progress=False)
 
 
+def _decays(run):
+    return sorted({group["weight_decay"] for group in run.optimizer.param_groups})
+
+
+def test_your_optimizer_keeps_its_own_weight_decay(blobs):
+    factory = lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.05)  # noqa: E731
+    run = nt.fit(mlp(), blobs, F.cross_entropy, config=quick(optimizer=factory, max_steps=2),
+                 progress=False)
+    assert _decays(run) == [0.05]
+    run = nt.fit(mlp(), blobs, F.cross_entropy, progress=False,
+                 config=quick(optimizer=torch.optim.AdamW, max_steps=2))
+    assert _decays(run) == [0.01]   # AdamW's own default
+
+
+def test_a_set_weight_decay_applies_to_your_optimizer_as_to_a_named_one(blobs):
+    factory = lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.05)  # noqa: E731
+    for optimizer in (factory, torch.optim.AdamW):
+        run = nt.fit(mlp(), blobs, F.cross_entropy, progress=False,
+                     config=quick(optimizer=optimizer, weight_decay=0.05, max_steps=2))
+        assert _decays(run) == [0.0, 0.05]   # matrices only, as for optimizer="adamw"
+
+
+def test_a_set_weight_decay_unlike_the_factorys_says_which_to_change(blobs):
+    factory = lambda params: torch.optim.AdamW(params, lr=1e-2)  # noqa: E731  (0.01)
+    cfg = quick(optimizer=factory, weight_decay=0.1, max_steps=2)
+    says = r"weight_decay 0.01, but TrainConfig.weight_decay=0.1.*weight_decay=0.1.*leave"
+    with pytest.raises(ConfigError, match=says) as err:
+        nt.fit(mlp(), blobs, F.cross_entropy, config=cfg, progress=False)
+    assert err.value.field == "weight_decay"
+
+
+def test_a_set_weight_decay_on_an_optimizer_without_one_is_refused(blobs):
+    class Plain(torch.optim.Optimizer):   # an optimizer of your own with no weight decay
+        def __init__(self, params, lr):
+            super().__init__(params, dict(lr=lr))
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    p.add_(p.grad, alpha=-group["lr"])
+    with pytest.raises(ConfigError, match="Plain has no weight_decay") as err:
+        nt.fit(mlp(), blobs, F.cross_entropy, progress=False,
+               config=quick(optimizer=Plain, weight_decay=0.1, max_steps=2))
+    assert err.value.field == "weight_decay"
+
+
 def test_set_lr_scales_the_scheduler_factorys_curve():
     schedule = Schedule(mnist_style(), 10)
     before = [schedule.lr(s) for s in range(10)]

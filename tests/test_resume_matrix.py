@@ -172,3 +172,68 @@ def test_a_checkpoint_killed_mid_write_still_loads_and_resumes_exactly(tmp_path)
                          resume=folder / "last.pt", config=quick(max_steps=steps))
         for name, value in reference.model.state_dict().items():
             assert torch.equal(value, resumed.model.state_dict()[name]), (attempt, name)
+
+
+# -- resuming with another batch size or accumulation ---------------------------------------------
+class Sees(torch.nn.Module):
+    """An MLP that keeps the id (first feature) of every sample it trains on."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.seen = mlp(), []
+
+    def forward(self, x):
+        if self.training:
+            self.seen += x[:, 0].int().tolist()
+        return self.body(x)
+
+
+def _numbered(blobs):
+    x, y = blobs
+    x = x.clone()
+    x[:, 0] = torch.arange(len(x))   # each sample's id
+    return x, y
+
+
+def _stopped_at(data, batches, batch_size):
+    model = Sees()
+    first = nt.fit(model, data, F.cross_entropy, progress=False,
+                   config=quick(batch_size=batch_size, max_steps=batches, count_flops=False))
+    assert (first.epoch, first.batch_in_epoch) == (0, batches)
+    return model, first
+
+
+@pytest.mark.parametrize("changes, start", [(dict(batch_size=16), 2),
+                                            (dict(batch_size=4), 8),
+                                            (dict(grad_accum_steps=2), 4)])
+def test_resume_with_another_batch_size_continues_at_the_same_sample(blobs, changes, start):
+    data = _numbered(blobs)
+    model, first = _stopped_at(data, 4, 8)   # 32 samples of epoch 0 done
+    run = nt.fit(model, data, F.cross_entropy, progress=False, resume=first,
+                 config=quick(**{"batch_size": 8, "epochs": 2, "count_flops": False, **changes}))
+    assert sorted(model.seen[:512]) == list(range(512))   # epoch 0: each sample once
+    assert f"the epoch continues at sample 32 (batch {start})" in run.notes[0]
+
+
+def test_a_sample_inside_a_new_batch_says_which_samples_are_trained_again(blobs):
+    data = _numbered(blobs)
+    model, first = _stopped_at(data, 3, 8)   # 24 samples: inside the second batch of 16
+    run = nt.fit(model, data, F.cross_entropy, progress=False, resume=first,
+                 config=quick(batch_size=16, epochs=2, count_flops=False))
+    epoch0 = model.seen[:24 + 512 - 16]
+    assert sorted(set(epoch0)) == list(range(512))
+    assert len(epoch0) - 512 == 8   # samples 16 to 23 of epoch 0's order, twice
+    assert ("batch_size=8 with batch_size=16: the epoch continues at sample 24 (batch 1); "
+            "batch 1 starts at sample 16, so samples 16 to 23 (8) are trained on again") \
+        in run.notes[0]
+
+
+def test_your_own_dataloaders_batch_size_is_not_converted(blobs):
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*_numbered(blobs)),
+                                         batch_size=8)
+    model = Sees()
+    first = nt.fit(model, loader, F.cross_entropy, progress=False,
+                   config=quick(max_steps=4, count_flops=False))
+    nt.fit(model, loader, F.cross_entropy, progress=False, resume=first,
+           config=quick(batch_size=16, epochs=1, count_flops=False))   # batch_size: not its
+    assert model.seen[:512] == list(range(512))

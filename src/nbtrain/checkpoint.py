@@ -124,19 +124,53 @@ def restore(run, state: dict) -> None:
 
 
 def _continue_position(run, saved_config: dict) -> None:
-    """A checkpoint of another process count (TrainConfig.processes): continue at the same
-    sample of the epoch, in the data order this count implies (the position counts one
-    process's batches)."""
-    before = saved_config.get("processes", 1)
-    before = before if isinstance(before, int) else 1
-    world = run.resolved.get("processes", (1, ""))[0]
-    if before == world:
+    """A checkpoint of another batch_size, grad_accum_steps or process count: continue at
+    the same sample of the epoch, in the data order the new settings imply. The position
+    counts one process's batches: batch k of all processes ends at sample
+    (k + 1) x batch_size x processes of the epoch's order."""
+    before, world = _processes(saved_config), run.resolved.get("processes", (1, ""))[0]
+    sizes = _batch_sizes(run, saved_config)
+    changed = _changed(saved_config, run.config, (before, world), sizes)
+    if not changed:
         return
-    seen = run.batch_in_epoch * saved_config["batch_size"] * before
-    run.batch_in_epoch = seen // (run.config.batch_size * world)
-    run.notes.append(f"resumed a run of {before} process(es) with {world}: the epoch continues "
-                     f"at sample {seen} in the data order of {world} process(es) (batch "
-                     f"{run.batch_in_epoch} of each)")
+    seen = run.batch_in_epoch * sizes[0] * before
+    per_batch = sizes[1] * world
+    run.batch_in_epoch = seen // per_batch   # the batch that holds sample `seen`
+    order = f" in the data order of {world} process(es)" if before != world else ""
+    each = " of each" if world > 1 else ""
+    note = (f"resumed a run of {changed}: the epoch continues at sample {seen}{order} "
+            f"(batch {run.batch_in_epoch}{each})")
+    first = run.batch_in_epoch * per_batch
+    if first < seen:
+        note += (f"; batch {run.batch_in_epoch} starts at sample {first}, so samples {first} "
+                 f"to {seen - 1} ({seen - first}) are trained on again")
+    run.notes.append(note)
+
+
+def _processes(saved_config: dict) -> int:
+    count = saved_config.get("processes", 1)
+    return count if isinstance(count, int) else 1
+
+
+def _batch_sizes(run, saved_config: dict) -> tuple:
+    """(saved, new) batch size. Your own DataLoader's is its own, the same on both sides:
+    TrainConfig.batch_size does not apply to it (its batch_size may be None: count batches)."""
+    if "batch_size" in run.resolved:   # set by a given DataLoader only
+        size = run.resolved["batch_size"][0] or 1
+        return size, size
+    return saved_config["batch_size"], run.config.batch_size
+
+
+def _changed(saved_config: dict, cfg, processes: tuple, sizes: tuple) -> str:
+    """What moved the position: "2 process(es) with 1 and batch_size=8 with batch_size=16"."""
+    (before, world), (old_size, new_size) = processes, sizes
+    changes = [f"{before} process(es) with {world}"] if before != world else []
+    if old_size != new_size:
+        changes.append(f"batch_size={old_size} with batch_size={new_size}")
+    old_accum = saved_config.get("grad_accum_steps", 1)
+    if old_accum != cfg.grad_accum_steps:
+        changes.append(f"grad_accum_steps={old_accum} with grad_accum_steps={cfg.grad_accum_steps}")
+    return " and ".join(changes)
 
 
 def _check_model_fits(mine: dict, saved: dict) -> None:

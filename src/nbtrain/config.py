@@ -72,6 +72,11 @@ WHEN_SGD_LIKE = ("optimizer", ("sgd", "rmsprop"))
 WHEN_ONECYCLE = ("scheduler", ("onecycle",))
 WHEN_PLATEAU = ("scheduler", ("plateau",))
 AUTO_ON_OFF = (("auto", "auto"), ("on", True), ("off", False))
+# Each epoch's shuffle seeds torch with seed * SEED_STRIDE + epoch (data/batches.py's
+# epoch_order), and torch's manual_seed takes -2**63 .. 2**64 - 1: the seed's range keeps
+# that sum inside for EPOCH_ROOM epochs (an epoch is a step or more: beyond any run).
+SEED_STRIDE, EPOCH_ROOM = 1_000_003, 2**40
+SEEDS = Whole(-(2**63 // SEED_STRIDE), (2**64 - 1 - EPOCH_ROOM) // SEED_STRIDE)
 
 
 @dataclass
@@ -239,8 +244,9 @@ class TrainConfig:
     release_previous: bool = setting(False, Flag(), "bookkeeping",
                                      "free the previous run's optimizer state and cache first",
                                      label="release previous run")
-    seed: int = setting(0, Whole(-2**63, 2**64 - 1), "bookkeeping",
-                        "random seed (torch takes 64 bits)", speed=False)
+    seed: int = setting(0, SEEDS, "bookkeeping",
+                        "random seed (each epoch's shuffle seeds torch with seed x 1,000,003 "
+                        "+ epoch, which must fit its 64 bits)", speed=False)
     checkpoint_dir: Optional[str] = setting(None, OrNone(Path()), "bookkeeping",
                                             "folder for checkpoints (None: none written)",
                                             speed=False, label="checkpoint folder",

@@ -17,13 +17,26 @@ _FUSED = {"cuda": {"sgd", "adam", "adamw", "adagrad"}, "cpu": {"sgd", "adam", "a
 
 def param_groups(model: torch.nn.Module, cfg: TrainConfig) -> list:
     """Weight decay on matrices and kernels only: decaying biases and norm scales hurts."""
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = _trainable(model)
     if cfg.decay_norm_and_bias or cfg.weight_decay == 0:
         return [{"params": params, "weight_decay": cfg.weight_decay}]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     return [{"params": decay, "weight_decay": cfg.weight_decay},
             {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _trainable(model: torch.nn.Module) -> list:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def _your_groups(model: torch.nn.Module, cfg: TrainConfig) -> list:
+    """Your optimizer's own weight decay (a factory's value, a class's default) stands while
+    TrainConfig.weight_decay is left at its default 0: a group carrying weight_decay would
+    replace it. Set, weight_decay goes into the groups as for a named optimizer."""
+    if cfg.weight_decay == 0:
+        return [{"params": _trainable(model)}]
+    return param_groups(model, cfg)
 
 
 def _hyperparams(cfg: TrainConfig) -> dict:
@@ -77,16 +90,21 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, impl: str) -> torc
 def _custom_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """The user's optimizer: a class gets nbtrain's param groups and `lr`; a factory gets
     the param groups and builds it as it likes, but its LR must be `lr`, since the loop
-    sets every group's LR from `lr` and the schedule before each step."""
+    sets every group's LR from `lr` and the schedule before each step. Its weight decay is
+    its own unless TrainConfig.weight_decay is set (`_your_groups`)."""
     made = cfg.optimizer
-    groups = param_groups(model, cfg)
+    groups = _your_groups(model, cfg)
     if isinstance(made, type) and issubclass(made, torch.optim.Optimizer):
-        return made(groups, lr=cfg.lr)
+        opt = made(groups, lr=cfg.lr)
+        _check_takes_weight_decay(opt, cfg)
+        return opt
     opt = made(groups)
     if not isinstance(opt, torch.optim.Optimizer):
         raise _config_error(f"TrainConfig.optimizer={made!r} returned a {type(opt).__name__}, "
                             "not a torch.optim.Optimizer: pass an Optimizer subclass or a "
                             "function params -> torch.optim.Optimizer.")
+    _check_takes_weight_decay(opt, cfg)
+    _check_factory_weight_decay(opt, cfg)
     rates = sorted({group["lr"] for group in opt.param_groups})
     if rates != [cfg.lr]:
         raise _config_error(f"TrainConfig.optimizer={made!r} made an optimizer with lr "
@@ -97,5 +115,28 @@ def _custom_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.O
     return opt
 
 
-def _config_error(text: str) -> ConfigError:
-    return ConfigError(text, field="optimizer")
+def _check_takes_weight_decay(opt: torch.optim.Optimizer, cfg: TrainConfig) -> None:
+    """An optimizer without weight decay keeps a group's weight_decay without using it."""
+    if cfg.weight_decay != 0 and "weight_decay" not in opt.defaults:
+        raise _config_error(f"TrainConfig.weight_decay={cfg.weight_decay} cannot apply: "
+                            f"{type(opt).__name__} has no weight_decay setting. Leave "
+                            "weight_decay at 0.0 to train without, or use an optimizer that "
+                            "takes one.", field="weight_decay")
+
+
+def _check_factory_weight_decay(opt: torch.optim.Optimizer, cfg: TrainConfig) -> None:
+    """A set weight_decay and the factory's own value both say how to decay: refuse to pick
+    one silently, as for the LR."""
+    own = opt.defaults.get("weight_decay")
+    if cfg.weight_decay == 0 or own == cfg.weight_decay:
+        return
+    raise _config_error(f"TrainConfig.optimizer={cfg.optimizer!r} made an optimizer with "
+                        f"weight_decay {own}, but TrainConfig.weight_decay={cfg.weight_decay}. "
+                        f"Build it with weight_decay={cfg.weight_decay} to train with that "
+                        "(nbtrain keeps it off biases and norm weights unless "
+                        "decay_norm_and_bias=True), or leave TrainConfig.weight_decay at 0.0 "
+                        f"to train with your factory's {own}.", field="weight_decay")
+
+
+def _config_error(text: str, field: str = "optimizer") -> ConfigError:
+    return ConfigError(text, field=field)
