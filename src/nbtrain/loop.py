@@ -85,6 +85,7 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
     state = ckpt.load(resume) if isinstance(resume, (str, bytes)) or hasattr(resume, "__fspath__") \
         else (resume.checkpoint() if isinstance(resume, Run) else None)
     cfg = _config_from(config, state, resume)
+    _refuse_plateau_without_validation(cfg, val_data)
     _refuse_busy(model)   # before anything touches the model
     if cfg.release_previous:
         release_previous_run()
@@ -176,6 +177,21 @@ def _claim(model, run: Run) -> None:
         _refuse_busy(model)
         run.state = "running"
         _training[model] = weakref.ref(run)
+
+
+def _refuse_plateau_without_validation(cfg: TrainConfig, val_data) -> None:
+    """plateau cuts the LR when the validation loss stalls: without val_data it never would."""
+    if cfg.scheduler == "plateau" and val_data is None:
+        raise ConfigError("TrainConfig.scheduler='plateau' cuts the LR when the validation loss "
+                          "stops improving, but no val_data was given: the LR would never "
+                          "change. Pass val_data=..., or pick another scheduler (e.g. 'cosine').",
+                          field="scheduler")
+
+
+def without_validation(cfg: TrainConfig) -> TrainConfig:
+    """`cfg` for a tool's run that validates nothing (a warm-up, a timed trial, a profile):
+    plateau, which acts on validation only, is the constant LR it is until then."""
+    return cfg.replace(scheduler="constant") if cfg.scheduler == "plateau" else cfg
 
 
 def _config_from(config, state, resume=None) -> TrainConfig:
