@@ -17,7 +17,10 @@ from torch.nn import functional as F
 
 import nbtrain as nt
 from nbtrain import checkpoint as ckpt
+from nbtrain import loop
 from nbtrain.config import FIELD_NAMES, SETTINGS
+from nbtrain.data import loader_batches
+from nbtrain.data.batches import LoaderBatches
 
 from conftest import EndsOnce, Samples, mlp, quick, same_state
 
@@ -113,6 +116,51 @@ def test_an_end_right_after_the_update_counts_that_step_and_resumes_exactly(blob
     resumed = fit(resume=ended)
     assert resumed.step == 8
     same_state(straight, resumed)
+
+
+def _measured_here(monkeypatch, workers: int, threads: int, amp: str) -> None:
+    """What this kernel's timed probes pick: `workers` loader workers (for a per-sample
+    dataset), `threads` training threads, `amp`."""
+    def settle(run, setup, model, key):
+        run.resolved["num_threads"] = (threads, f"measured {threads} thread(s) fastest")
+        if isinstance(setup.batches, LoaderBatches):
+            run.resolved["num_workers"] = (workers, f"measured {workers} worker(s) fastest")
+            setup.batches = loader_batches(setup.batches.dataset, run.config, workers)
+    monkeypatch.setattr(loop, "settle_workers_and_threads", settle)
+    monkeypatch.setattr(loop, "resolve_amp", lambda requested, device: (amp, "CPU has amx_bf16"))
+    monkeypatch.setattr(loop, "cpu_bf16_choice", lambda step, key: (amp, f"measured {amp}"))
+
+
+@pytest.mark.parametrize("path", ["tensors", "dataset"])
+def test_a_resume_keeps_the_timed_choices_of_the_run_it_resumes(blobs, tmp_path, monkeypatch,
+                                                                 path):
+    data = _data(blobs, path)
+    cfg = quick(max_steps=4, amp="auto", num_threads="auto", num_workers="auto",
+                count_flops=False, checkpoint_dir=str(tmp_path))
+    _measured_here(monkeypatch, 0, 2, "bf16")
+    first = nt.fit(mlp(), data, F.cross_entropy, config=cfg, progress=False)
+    _measured_here(monkeypatch, 1, 1, "off")   # a new kernel on a busier machine picks others
+    more = cfg.replace(max_steps=6, checkpoint_dir=None)
+    kept = "kept from the run being resumed"
+    for source in (first, ckpt.path_in(tmp_path)):
+        threads = set()
+        resumed = nt.fit(mlp(), data, F.cross_entropy, config=more,
+                         resume=source, progress=False, on_start=lambda run: run.subscribe(
+                             lambda record: record["kind"] == "train"
+                             and threads.add(torch.get_num_threads())))
+        assert resumed.resolved["num_threads"] == (2, f"{kept} (measured 2 thread(s) fastest)")
+        assert resumed.resolved["amp"] == ("bf16", f"{kept} (measured bf16)")
+        assert threads == {2}
+        if path != "tensors":
+            assert resumed.resolved["num_workers"] == (0, f"{kept} (measured 0 worker(s) fastest)")
+    # a checkpoint written before the choices were kept still loads; it measures again
+    state = ckpt.load(ckpt.path_in(tmp_path))
+    del state["resolved"]
+    ckpt.save(state, tmp_path / "old.pt")
+    resumed = nt.fit(mlp(), data, F.cross_entropy, config=more,
+                     resume=tmp_path / "old.pt", progress=False)
+    assert resumed.step == 6 and resumed.resolved["num_threads"][0] == 1
+    assert resumed.resolved["amp"][0] == "off"
 
 
 # -- random settings: a clear ConfigError, or a run that trains ----------------------------------

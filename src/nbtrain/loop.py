@@ -21,9 +21,9 @@ import torch
 from . import checkpoint as ckpt
 from . import flops
 from .config import ConfigError, TrainConfig, as_config
-from .data import (describe_bad_sample, first_batch, make_batches, make_mover,
+from .data import (describe_bad_sample, first_batch, loader_batches, make_batches, make_mover,
                    prefetch_to_device, resolve_prefetch)
-from .data.batches import describe_batch, shortened, signature_of
+from .data.batches import LoaderBatches, describe_batch, shortened, signature_of
 from .data.culprit import worker_died
 from .data.nested import batch_len
 from .devices import (autocast_context, cpu_bf16_choice, intra_op_threads, resolve_amp,
@@ -102,7 +102,7 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
             return distributed.fit(run, model, train_data, loss_fn, val_data, state,
                                    background=background, progress=progress,
                                    schedule=schedule, on_start=on_start)
-    setup = _prepare(run, model, train_data, loss_fn, val_data)
+    setup = _prepare(run, model, train_data, loss_fn, val_data, state)
     if state is not None:
         ckpt.restore(run, state)
     else:
@@ -204,17 +204,21 @@ def _config_from(config, state, resume=None) -> TrainConfig:
 
 
 # -- setup: resolve every "auto", build every part; raises before anything is changed --------
-def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Setup:
+def _prepare(run: Run, model, train_data, loss_fn, val_data, state=None) -> Setup:
+    """`state`: the checkpoint being resumed, whose timed choices are kept (see _kept)."""
     cfg = run.config
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}.")
     device, why = resolve_device(cfg.device)
     run.resolved["device"] = (str(device), why)
-    run.resolved["amp"] = resolve_amp(cfg.amp, device)
+    kept = _kept(run, state)
+    run.resolved["amp"] = kept.get("amp") or resolve_amp(cfg.amp, device)
     run.resolved["optimizer_impl"] = resolve_impl(cfg, device)
     batches = make_batches(train_data, cfg, device, run.resolved)
-    run.resolved["num_threads"] = resolve_threads(cfg.num_threads, device,
-                                                  run.resolved["num_workers"][0])
+    if "num_workers" in kept:
+        batches = _keep_workers(run, batches, kept["num_workers"])
+    run.resolved["num_threads"] = kept.get("num_threads") or resolve_threads(
+        cfg.num_threads, device, run.resolved["num_workers"][0])
     val_batches, val_resolved = None, {}
     if val_data is not None:
         # data_on_device=True is about the training data: validation data that cannot live
@@ -245,11 +249,12 @@ def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Setup:
     if val_batches is not None:
         setup.val_move = make_mover(device, val_resolved["pin_memory"][0],
                                     val_resolved["data_on_device"][0], cfg.channels_last)
-    if cfg.amp == "auto" and setup.amp == "bf16" and device.type == "cpu":
+    if cfg.amp == "auto" and "amp" not in kept and setup.amp == "bf16" and device.type == "cpu":
         run.resolved["amp"] = cpu_bf16_choice(lambda amp: _probe_step(model, setup, amp),
                                               key=_architecture(model, batches))
         setup.amp = run.resolved["amp"][0]
-    settle_workers_and_threads(run, setup, model, key=lambda: _architecture(model, batches))
+    if not kept.keys() & {"num_workers", "num_threads"}:
+        settle_workers_and_threads(run, setup, model, key=lambda: _architecture(model, batches))
     if cfg.count_flops:   # after amp and threads: the peak is the run's precision's and cores'
         run.resolved.update(flops.resolve(
             model, loss_fn, lambda: setup.move(first_batch(setup.batches)), setup.amp, device,
@@ -259,6 +264,36 @@ def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Setup:
     run.schedule = Schedule(cfg, run.total_steps)
     run.scaler = torch.amp.GradScaler(device.type, enabled=setup.amp == "fp16")
     return setup
+
+
+KEPT_WHY = "kept from the run being resumed"
+
+
+def _kept(run: Run, state) -> dict:
+    """The timed "auto" choices (amp, num_threads, num_workers) of the run being resumed,
+    for the fields still "auto": measured again they may come out otherwise (a busier
+    machine, a new kernel), and a CPU's sums differ with its thread count, so the resume
+    would not continue bit for bit. None when it trained on another device or process
+    count, or its checkpoint is older than these choices."""
+    saved = (state or {}).get("resolved") or {}
+    processes = run.resolved.get("processes", (1, ""))[0]
+    if saved.get("device", ("",))[0] != run.resolved["device"][0] \
+            or saved.get("processes", (1, ""))[0] != processes:
+        return {}
+    return {name: (value, why if why.startswith(KEPT_WHY) else f"{KEPT_WHY} ({why})")
+            for name, (value, why) in saved.items()
+            if name in ("amp", "num_threads", "num_workers")
+            and getattr(run.config, name) == "auto"}
+
+
+def _keep_workers(run: Run, batches, choice: tuple):
+    """nbtrain's loader with the resumed run's worker count (your DataLoader keeps its own)."""
+    if not isinstance(batches, LoaderBatches):
+        return batches
+    run.resolved["num_workers"] = choice
+    if choice[0] == batches.loader.num_workers:
+        return batches
+    return loader_batches(batches.dataset, run.config, choice[0], run.resolved["pin_memory"][0])
 
 
 def _data_path(run: Run, batches, device):
