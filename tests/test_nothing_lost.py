@@ -1,5 +1,6 @@
 """Nothing lost, nothing silent: exact resume on every data path, no endless loops, one
 run per model, checkpoints that are checked, bounded history."""
+import contextlib
 import gc
 import threading
 import weakref
@@ -333,14 +334,20 @@ def test_a_failed_checkpoint_write_names_the_file(blobs, tmp_path, monkeypatch):
 
 
 # -- a failed or finished run holds no process or memory ------------------------------------
+def _live_children() -> set:
+    alive = set()
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):   # one that exits meanwhile
+            if child.status() != psutil.STATUS_ZOMBIE:
+                alive.add(child.pid)
+    return alive
+
+
 def test_a_failed_run_leaves_no_loader_worker_behind(blobs):
-    me = psutil.Process()
-    before = {p.pid for p in me.children(recursive=True)}
+    before = _live_children()
     with pytest.raises(nt.TrainingError) as err:   # keeps the traceback, as a notebook does
         _fit(Samples(*blobs, bad=200), epochs=1, num_workers=1)
-    left = [p for p in me.children(recursive=True)
-            if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
-    assert not left and err.value.run.state == "failed"
+    assert not _live_children() - before and err.value.run.state == "failed"
 
 
 def test_a_finished_run_is_freed_once_dropped_while_its_model_lives(blobs):
