@@ -74,6 +74,30 @@ def mlp(dropout: float = 0.0) -> nn.Module:
                          nn.Linear(32, 3))
 
 
+class EndsOnce(nn.Module):
+    """Dropout model whose forward number `at` raises `error` (once)."""
+
+    def __init__(self, error=None, at=None):
+        super().__init__()
+        self.body, self.error, self.at, self.calls = mlp(dropout=0.3), error, at, 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == self.at and self.error is not None:
+            raise self.error("injected")
+        return self.body(x)
+
+
+def same_state(a, b) -> None:
+    """Runs `a` and `b` hold the same weights and optimizer state, bit for bit."""
+    for (name, p), q in zip(a.model.state_dict().items(), b.model.state_dict().values()):
+        assert torch.equal(p, q), name
+    sa, sb = a.optimizer.state_dict()["state"], b.optimizer.state_dict()["state"]
+    for key in sa:
+        for field in sa[key]:
+            assert torch.equal(torch.as_tensor(sa[key][field]), torch.as_tensor(sb[key][field]))
+
+
 def quick(**overrides) -> nt.TrainConfig:
     """A config for fast CPU tests: fp32 unless a test asks, no progress bar noise."""
     base = dict(device="cpu", amp="off", batch_size=32, lr=1e-2, log_every=5)

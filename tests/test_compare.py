@@ -158,3 +158,9 @@ def test_without_plotly_the_table_still_shows_and_says_how_to_get_charts(blobs, 
     with pytest.warns(UserWarning, match="pip install plotly"):
         cmp._ipython_display_()
     assert len(shown) == 1 and "<table>" in shown[0]["text/html"]
+
+
+def test_plateau_trains_with_val_data_after_a_warm_up_that_validates_nothing(blobs):
+    cmp = compare(mlp, blobs, F.cross_entropy, configs={"plateau": {"scheduler": "plateau"}},
+                  base=quick(max_steps=3), val_data=blobs)
+    assert cmp.runs["plateau"][0].state == "finished"

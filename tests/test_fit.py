@@ -106,9 +106,8 @@ def test_no_weight_decay_on_biases_and_norm_weights():
 def test_preview_is_exactly_what_the_run_applies(blobs, scheduler):
     cfg = quick(max_steps=40, scheduler=scheduler, warmup_steps=5, log_every=1, lr=0.05,
                 min_lr=0.001, step_size=10, gamma=0.9, cycle_steps=12)
-    applied = []
-    model = mlp()
-    run = nt.fit(model, blobs, F.cross_entropy, config=cfg, progress=False,
+    val_data = blobs if scheduler == "plateau" else None   # plateau needs it
+    run = nt.fit(mlp(), blobs, F.cross_entropy, config=cfg, val_data=val_data, progress=False,
                  background=True)
     run.wait()
     applied = [r["lr"] for r in run.records("train")]
@@ -134,6 +133,16 @@ def test_plateau_cuts_lr_when_validation_stalls(blobs):
     run = nt.fit(mlp(), (x, y), F.cross_entropy, config=cfg, val_data=(x[:64] * 0, y[:64]),
                  progress=False)
     assert run.schedule.plateau_scale < 1.0
+
+
+def test_plateau_without_validation_data_is_refused_before_training(blobs):
+    model = mlp()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(nt.ConfigError, match="scheduler='plateau' .* no val_data") as err:
+        nt.fit(model, blobs, F.cross_entropy, config=quick(epochs=2, scheduler="plateau"),
+               progress=False)
+    assert err.value.field == "scheduler"
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
 def test_grad_accumulation_matches_the_big_batch(blobs):

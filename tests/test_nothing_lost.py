@@ -1,25 +1,21 @@
 """Nothing lost, nothing silent: exact resume on every data path, no endless loops, one
 run per model, checkpoints that are checked, bounded history."""
+import contextlib
+import gc
 import threading
+import weakref
 import zipfile
 
+import psutil
 import pytest
 import torch
 from torch.nn import functional as F
 
 import nbtrain as nt
 from nbtrain import checkpoint as ckpt
+from nbtrain import loop
 
-from conftest import Samples, mlp, quick
-
-
-def _same_state(a, b) -> None:
-    for (name, p), q in zip(a.model.state_dict().items(), b.model.state_dict().values()):
-        assert torch.equal(p, q), name
-    sa, sb = a.optimizer.state_dict()["state"], b.optimizer.state_dict()["state"]
-    for key in sa:
-        for field in sa[key]:
-            assert torch.equal(torch.as_tensor(sa[key][field]), torch.as_tensor(sb[key][field]))
+from conftest import EndsOnce, Samples, mlp, quick, same_state
 
 
 def _fit(data, resume=None, **cfg):
@@ -37,7 +33,7 @@ def test_dataset_resume_is_exact_with_dropout(blobs, workers):
     model = mlp(dropout=0.3)
     resumed = nt.fit(model, data, F.cross_entropy, resume=first, progress=False,
                      config=quick(**extra))
-    _same_state(straight, resumed)
+    same_state(straight, resumed)
 
 
 def test_resume_after_a_failure_mid_epoch_is_exact(blobs):
@@ -50,7 +46,7 @@ def test_resume_after_a_failure_mid_epoch_is_exact(blobs):
     data.bad = None
     resumed = nt.fit(mlp(dropout=0.3), data, F.cross_entropy, resume=err.value.run,
                      progress=False, config=quick(epochs=1))
-    _same_state(straight, resumed)
+    same_state(straight, resumed)
 
 
 def test_a_failed_load_names_the_sample_in_any_batch_of_an_accumulation_window(blobs):
@@ -230,3 +226,134 @@ def test_error_text_quoting_a_huge_sample_is_cut(blobs):
 def test_a_warmup_as_long_as_the_run_is_warned_about(blobs):
     with pytest.warns(UserWarning, match="warmup_steps=10 is not shorter than the run"):
         _fit(blobs, max_steps=10, warmup_steps=10)
+
+
+# -- every completed step is in the history -------------------------------------------------
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_a_failure_or_second_ctrl_c_keeps_the_records_of_every_completed_step(blobs, error):
+    # step 13's second micro-batch raises: its first one's loss and samples are no step's
+    model = EndsOnce(error, at=2 * 12 + 2)
+    try:
+        run = nt.fit(model, blobs, F.cross_entropy, progress=False,
+                     config=quick(max_steps=30, grad_accum_steps=2, count_flops=False))
+    except nt.TrainingError as err:
+        run = err.run
+    assert run.step == 12
+    records = run.records("train")
+    assert records[-1]["step"] == 12 and sum(r["steps"] for r in records) == 12
+    assert records[-1]["samples"] == 4 * 2 * 32   # steps 9-12, two batches of 32 each
+
+
+# -- a batch source that runs out ends its epoch --------------------------------------------
+class Stream(torch.utils.data.IterableDataset):
+    """(input, target) pairs, a new pass each iter(); `length` is what __len__ claims."""
+
+    def __init__(self, x, y, length=None):
+        self.x, self.y, self.length = x, y, length
+
+    def __iter__(self):
+        return zip(self.x, self.y)
+
+    def __len__(self):
+        if self.length is None:
+            raise TypeError("a stream has no length")
+        return self.length
+
+
+def _fit_in_background(data, **cfg):
+    """fit, which must end by itself within a minute (a loop that spins is stopped)."""
+    run = nt.fit(mlp(), data, F.cross_entropy, progress=False, background=True,
+                 config=quick(**cfg))
+    run.wait(60)
+    if run.running:
+        run.stop()
+        run.wait(30)
+        pytest.fail(f"the run did not end by itself: {run!r}")
+    return run
+
+
+def test_an_iterable_without_a_length_trains_epoch_after_epoch_up_to_max_steps(blobs):
+    x, y = blobs
+    loader = torch.utils.data.DataLoader(Stream(x[:96], y[:96]), batch_size=32)   # 3 a pass
+    run = _fit_in_background(loader, max_steps=7)
+    assert (run.state, run.error, run.step, run.epoch) == ("finished", None, 7, 2)
+
+
+def test_a_loader_that_yields_fewer_batches_than_its_length_ends_the_epoch(blobs):
+    x, y = blobs
+    loader = torch.utils.data.DataLoader(Stream(x[:96], y[:96], length=160), batch_size=32)
+    with pytest.warns(UserWarning, match="len.* is 5 batches, but an epoch yielded 3"):
+        run = _fit_in_background(loader, epochs=2)
+    assert (run.state, run.step, run.epoch) == ("finished", 6, 2)   # the epochs asked for
+    assert any("yielded 3" in note for note in run.notes)
+
+
+def test_an_iterable_that_yields_nothing_in_an_epoch_fails_naming_it(blobs):
+    x, y = blobs
+    once = iter(list(zip(x[:96], y[:96])))   # a one-pass stream: empty from epoch 1 on
+
+    class OnePass(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return once
+    loader = torch.utils.data.DataLoader(OnePass(), batch_size=32)
+    run = _fit_in_background(loader, max_steps=7, count_flops=False)   # no batch read ahead
+    assert run.state == "failed" and run.step == 3
+    assert "train_data yielded no batch in epoch 1" in str(run.error)
+
+
+def test_a_failure_to_explain_a_failure_still_reports_it(blobs, monkeypatch):
+    def broken(*args):
+        raise TypeError("the explanation broke")
+    monkeypatch.setattr(loop, "_load_culprit", broken)
+    with pytest.raises(nt.TrainingError, match="ValueError: corrupt record") as err:
+        _fit(Samples(*blobs, bad=200), epochs=1, num_workers=0)
+    assert err.value.run.state == "failed" and err.value.run.error is err.value
+
+
+# -- failures outside the step say where they happened -------------------------------------
+def test_a_validation_failure_names_val_data_and_leaves_the_model_training(blobs):
+    model = mlp()
+    narrow = (blobs[0][:64, :7], blobs[1][:64])   # 7 features: the model takes 8
+    with pytest.raises(nt.TrainingError) as err:
+        nt.fit(model, blobs, F.cross_entropy, val_data=narrow, progress=False,
+               config=quick(epochs=1))
+    assert str(err.value).startswith("validation on val_data after epoch 0 (step 16) failed: "
+                                     "RuntimeError: mat1 and mat2 shapes cannot be multiplied")
+    assert model.training
+
+
+def test_a_failed_checkpoint_write_names_the_file(blobs, tmp_path, monkeypatch):
+    def disk_full(state, path):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(ckpt, "save", disk_full)
+    with pytest.raises(nt.TrainingError) as err:
+        _fit(blobs, max_steps=6, checkpoint_every=3, checkpoint_dir=str(tmp_path))
+    assert str(err.value).startswith(f"writing the checkpoint {tmp_path / 'last.pt'} at step 3 "
+                                     "failed: OSError: [Errno 28] No space left on device")
+    assert err.value.run.step == 3
+
+
+# -- a failed or finished run holds no process or memory ------------------------------------
+def _live_children() -> set:
+    alive = set()
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):   # one that exits meanwhile
+            if child.status() != psutil.STATUS_ZOMBIE:
+                alive.add(child.pid)
+    return alive
+
+
+def test_a_failed_run_leaves_no_loader_worker_behind(blobs):
+    before = _live_children()
+    with pytest.raises(nt.TrainingError) as err:   # keeps the traceback, as a notebook does
+        _fit(Samples(*blobs, bad=200), epochs=1, num_workers=1)
+    assert not _live_children() - before and err.value.run.state == "failed"
+
+
+def test_a_finished_run_is_freed_once_dropped_while_its_model_lives(blobs):
+    model = mlp()
+    run = nt.fit(model, blobs, F.cross_entropy, progress=False, config=quick(max_steps=2))
+    dropped = weakref.ref(run)
+    del run
+    gc.collect()   # a Run holds cycles of its own (its error's run); the model stays
+    assert dropped() is None

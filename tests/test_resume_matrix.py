@@ -1,5 +1,6 @@
 """Exact resume on every data path after every way a run can end, a property test over
 random settings, and checkpoints that survive SIGKILL mid-write."""
+import functools
 import os
 import random
 import signal
@@ -16,25 +17,14 @@ from torch.nn import functional as F
 
 import nbtrain as nt
 from nbtrain import checkpoint as ckpt
+from nbtrain import loop
 from nbtrain.config import FIELD_NAMES, SETTINGS
+from nbtrain.data import loader_batches
+from nbtrain.data.batches import LoaderBatches
 
-from conftest import Samples, mlp, quick
+from conftest import EndsOnce, Samples, mlp, quick, same_state
 
 STEPS, CUT = 24, 11   # a run of 24 steps (16 batches an epoch), ended at step 11
-
-
-class EndsOnce(torch.nn.Module):
-    """Dropout model whose forward number `at` raises `error` (once)."""
-
-    def __init__(self, error=None, at=None):
-        super().__init__()
-        self.body, self.error, self.at, self.calls = mlp(dropout=0.3), error, at, 0
-
-    def forward(self, x):
-        self.calls += 1
-        if self.calls == self.at and self.error is not None:
-            raise self.error("injected")
-        return self.body(x)
 
 
 def _data(blobs, path):
@@ -84,13 +74,93 @@ def test_resume_is_exact(blobs, tmp_path, path, ending):
     resumed = nt.fit(_model(), data, F.cross_entropy, config=_cfg(path), resume=source,
                      progress=False)
     assert resumed.step == STEPS
-    for name, value in straight.model.state_dict().items():
-        assert torch.equal(value, resumed.model.state_dict()[name]), name
-    mine, theirs = straight.optimizer.state_dict()["state"], resumed.optimizer.state_dict()["state"]
-    for key in mine:
-        for field in mine[key]:
-            assert torch.equal(torch.as_tensor(mine[key][field]),
-                               torch.as_tensor(theirs[key][field]))
+    same_state(straight, resumed)
+
+
+class AdamWThatIsInterrupted(torch.optim.AdamW):
+    """AdamW that, right after its update number `at`, meets `what`: two Ctrl-C presses
+    (SIGINT) inside its step, or an exception from the zero_grad that follows the update."""
+
+    def __init__(self, params, lr, at=None, what=None):
+        super().__init__(params, lr=lr)
+        self.at, self.what, self.updates = at, what, 0
+
+    def step(self, closure=None):
+        loss = super().step(closure)
+        self.updates += 1
+        if self.updates == self.at and self.what == "Ctrl-C twice":
+            os.kill(os.getpid(), signal.SIGINT)   # the first press: stop at the boundary
+            os.kill(os.getpid(), signal.SIGINT)   # the second, with the update already in
+        return loss
+
+    def zero_grad(self, set_to_none=True):
+        if self.updates == self.at and isinstance(self.what, type):
+            self.at = None
+            raise self.what("injected after the update")
+        super().zero_grad(set_to_none)
+
+
+@pytest.mark.parametrize("what", ["Ctrl-C twice", KeyboardInterrupt, RuntimeError])
+def test_an_end_right_after_the_update_counts_that_step_and_resumes_exactly(blobs, what):
+    def fit(resume=None, **ending):
+        optimizer = functools.partial(AdamWThatIsInterrupted, lr=1e-2, **ending)
+        try:
+            return nt.fit(_model(), blobs, F.cross_entropy, resume=resume, progress=False,
+                          config=quick(max_steps=8, optimizer=optimizer))
+        except nt.TrainingError as err:
+            return err.run
+    straight = fit()
+    ended = fit(at=3, what=what)
+    assert ended.state in ("interrupted", "failed") and ended.step == 3
+    assert sum(r["steps"] for r in ended.records("train")) == 3   # its record is kept too
+    resumed = fit(resume=ended)
+    assert resumed.step == 8
+    same_state(straight, resumed)
+
+
+def _measured_here(monkeypatch, workers: int, threads: int, amp: str) -> None:
+    """What this kernel's timed probes pick: `workers` loader workers (for a per-sample
+    dataset), `threads` training threads, `amp`."""
+    def settle(run, setup, model, key):
+        run.resolved["num_threads"] = (threads, f"measured {threads} thread(s) fastest")
+        if isinstance(setup.batches, LoaderBatches):
+            run.resolved["num_workers"] = (workers, f"measured {workers} worker(s) fastest")
+            setup.batches = loader_batches(setup.batches.dataset, run.config, workers)
+    monkeypatch.setattr(loop, "settle_workers_and_threads", settle)
+    monkeypatch.setattr(loop, "resolve_amp", lambda requested, device: (amp, "CPU has amx_bf16"))
+    monkeypatch.setattr(loop, "cpu_bf16_choice", lambda step, key: (amp, f"measured {amp}"))
+
+
+@pytest.mark.parametrize("path", ["tensors", "dataset"])
+def test_a_resume_keeps_the_timed_choices_of_the_run_it_resumes(blobs, tmp_path, monkeypatch,
+                                                                 path):
+    data = _data(blobs, path)
+    cfg = quick(max_steps=4, amp="auto", num_threads="auto", num_workers="auto",
+                count_flops=False, checkpoint_dir=str(tmp_path))
+    _measured_here(monkeypatch, 0, 2, "bf16")
+    first = nt.fit(mlp(), data, F.cross_entropy, config=cfg, progress=False)
+    _measured_here(monkeypatch, 1, 1, "off")   # a new kernel on a busier machine picks others
+    more = cfg.replace(max_steps=6, checkpoint_dir=None)
+    kept = "kept from the run being resumed"
+    for source in (first, ckpt.path_in(tmp_path)):
+        threads = set()
+        resumed = nt.fit(mlp(), data, F.cross_entropy, config=more,
+                         resume=source, progress=False, on_start=lambda run: run.subscribe(
+                             lambda record: record["kind"] == "train"
+                             and threads.add(torch.get_num_threads())))
+        assert resumed.resolved["num_threads"] == (2, f"{kept} (measured 2 thread(s) fastest)")
+        assert resumed.resolved["amp"] == ("bf16", f"{kept} (measured bf16)")
+        assert threads == {2}
+        if path != "tensors":
+            assert resumed.resolved["num_workers"] == (0, f"{kept} (measured 0 worker(s) fastest)")
+    # a checkpoint written before the choices were kept still loads; it measures again
+    state = ckpt.load(ckpt.path_in(tmp_path))
+    del state["resolved"]
+    ckpt.save(state, tmp_path / "old.pt")
+    resumed = nt.fit(mlp(), data, F.cross_entropy, config=more,
+                     resume=tmp_path / "old.pt", progress=False)
+    assert resumed.step == 6 and resumed.resolved["num_threads"][0] == 1
+    assert resumed.resolved["amp"][0] == "off"
 
 
 # -- random settings: a clear ConfigError, or a run that trains ----------------------------------

@@ -16,6 +16,8 @@ import torch
 from .files import atomic_write
 
 FORMAT = 1
+# The run's timed "auto" choices, which a resume keeps (loop._kept), and where they were made
+KEPT = ("device", "processes", "amp", "num_threads", "num_workers")
 
 
 def rng_state(device=None) -> dict:
@@ -48,6 +50,7 @@ def state_of(run) -> dict:
         "position": {"step": run.step, "epoch": run.epoch, "batch_in_epoch": run.batch_in_epoch},
         "config": run.config.to_dict(),
         "history": list(run.history),
+        "resolved": {name: run.resolved[name] for name in KEPT if name in run.resolved},
     }
 
 

@@ -18,7 +18,7 @@ import torch
 from .config import ConfigError, TrainConfig, as_config
 from .devices import resolve_device
 from .display import display_with_figure
-from .loop import fit
+from .loop import fit, without_validation
 from .models import fresh_model, initial_weights
 from .run import Run, TrainingError
 from .tables import cell, html_table, text_table
@@ -92,8 +92,8 @@ def _warm_up(make_model, train_data, loss_fn, name: str, cfg: TrainConfig) -> No
     """Two untimed steps first: the process's one-time costs (thread pools, kernel and
     allocator set-up: ~1 s on a busy 2-core machine) would otherwise all land in the
     first config's time and make it look slow."""
-    short = cfg.replace(max_steps=2, log_every=1, checkpoint_dir=None, checkpoint_every=None,
-                        warmup_steps=0)   # two steps only warm the kernels up
+    short = without_validation(cfg).replace(   # two steps only warm the kernels up
+        max_steps=2, log_every=1, checkpoint_dir=None, checkpoint_every=None, warmup_steps=0)
     _fit_named(name, fresh_model(make_model), train_data, loss_fn, short, None, False)
 
 

@@ -21,9 +21,9 @@ import torch
 from . import checkpoint as ckpt
 from . import flops
 from .config import ConfigError, TrainConfig, as_config
-from .data import (describe_bad_sample, first_batch, make_batches, make_mover,
+from .data import (describe_bad_sample, first_batch, loader_batches, make_batches, make_mover,
                    prefetch_to_device, resolve_prefetch)
-from .data.batches import describe_batch, shortened, signature_of
+from .data.batches import LoaderBatches, describe_batch, shortened, signature_of
 from .data.culprit import worker_died
 from .data.nested import batch_len
 from .devices import (autocast_context, cpu_bf16_choice, intra_op_threads, resolve_amp,
@@ -53,6 +53,7 @@ class Setup:
     # where the loop is, for a failure's report and a resume from mid-step:
     boundary_rng: Optional[dict] = None   # the RNG at the last step boundary (see _train)
     window: tuple = ()                    # the batches of the step in progress
+    updated: bool = False                 # its update is in the weights (see _advance)
 
 
 def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, *,
@@ -84,6 +85,7 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
     state = ckpt.load(resume) if isinstance(resume, (str, bytes)) or hasattr(resume, "__fspath__") \
         else (resume.checkpoint() if isinstance(resume, Run) else None)
     cfg = _config_from(config, state, resume)
+    _refuse_plateau_without_validation(cfg, val_data)
     _refuse_busy(model)   # before anything touches the model
     if cfg.release_previous:
         release_previous_run()
@@ -100,7 +102,7 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
             return distributed.fit(run, model, train_data, loss_fn, val_data, state,
                                    background=background, progress=progress,
                                    schedule=schedule, on_start=on_start)
-    setup = _prepare(run, model, train_data, loss_fn, val_data)
+    setup = _prepare(run, model, train_data, loss_fn, val_data, state)
     if state is not None:
         ckpt.restore(run, state)
     else:
@@ -149,7 +151,8 @@ def attach_hooks(run: Run, schedule, on_start, progress) -> None:
 
 # Which Run trains each model: two runs stepping two optimizers over the same parameters
 # would race (torch raises deep inside the optimizer, or the weights are silently wrong).
-_training: "weakref.WeakKeyDictionary[torch.nn.Module, Run]" = weakref.WeakKeyDictionary()
+# Weak both ways: a Run refers to its model, so a Run held here would live as long as it.
+_training: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.ref]" = weakref.WeakKeyDictionary()
 _training_lock = threading.Lock()
 
 
@@ -158,7 +161,8 @@ class ModelBusyError(RuntimeError):
 
 
 def _refuse_busy(model) -> None:
-    other = _training.get(model) if isinstance(model, torch.nn.Module) else None
+    held = _training.get(model) if isinstance(model, torch.nn.Module) else None
+    other = held() if held is not None else None
     if other is not None and other.state in ("created", "running"):
         raise ModelBusyError(
             f"this model is already being trained by {other!r} (a background fit, a Panel "
@@ -172,7 +176,22 @@ def _claim(model, run: Run) -> None:
     with _training_lock:
         _refuse_busy(model)
         run.state = "running"
-        _training[model] = run
+        _training[model] = weakref.ref(run)
+
+
+def _refuse_plateau_without_validation(cfg: TrainConfig, val_data) -> None:
+    """plateau cuts the LR when the validation loss stalls: without val_data it never would."""
+    if cfg.scheduler == "plateau" and val_data is None:
+        raise ConfigError("TrainConfig.scheduler='plateau' cuts the LR when the validation loss "
+                          "stops improving, but no val_data was given: the LR would never "
+                          "change. Pass val_data=..., or pick another scheduler (e.g. 'cosine').",
+                          field="scheduler")
+
+
+def without_validation(cfg: TrainConfig) -> TrainConfig:
+    """`cfg` for a tool's run that validates nothing (a warm-up, a timed trial, a profile):
+    plateau, which acts on validation only, is the constant LR it is until then."""
+    return cfg.replace(scheduler="constant") if cfg.scheduler == "plateau" else cfg
 
 
 def _config_from(config, state, resume=None) -> TrainConfig:
@@ -185,17 +204,21 @@ def _config_from(config, state, resume=None) -> TrainConfig:
 
 
 # -- setup: resolve every "auto", build every part; raises before anything is changed --------
-def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Setup:
+def _prepare(run: Run, model, train_data, loss_fn, val_data, state=None) -> Setup:
+    """`state`: the checkpoint being resumed, whose timed choices are kept (see _kept)."""
     cfg = run.config
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}.")
     device, why = resolve_device(cfg.device)
     run.resolved["device"] = (str(device), why)
-    run.resolved["amp"] = resolve_amp(cfg.amp, device)
+    kept = _kept(run, state)
+    run.resolved["amp"] = kept.get("amp") or resolve_amp(cfg.amp, device)
     run.resolved["optimizer_impl"] = resolve_impl(cfg, device)
     batches = make_batches(train_data, cfg, device, run.resolved)
-    run.resolved["num_threads"] = resolve_threads(cfg.num_threads, device,
-                                                  run.resolved["num_workers"][0])
+    if "num_workers" in kept:
+        batches = _keep_workers(run, batches, kept["num_workers"])
+    run.resolved["num_threads"] = kept.get("num_threads") or resolve_threads(
+        cfg.num_threads, device, run.resolved["num_workers"][0])
     val_batches, val_resolved = None, {}
     if val_data is not None:
         # data_on_device=True is about the training data: validation data that cannot live
@@ -226,11 +249,12 @@ def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Setup:
     if val_batches is not None:
         setup.val_move = make_mover(device, val_resolved["pin_memory"][0],
                                     val_resolved["data_on_device"][0], cfg.channels_last)
-    if cfg.amp == "auto" and setup.amp == "bf16" and device.type == "cpu":
+    if cfg.amp == "auto" and "amp" not in kept and setup.amp == "bf16" and device.type == "cpu":
         run.resolved["amp"] = cpu_bf16_choice(lambda amp: _probe_step(model, setup, amp),
                                               key=_architecture(model, batches))
         setup.amp = run.resolved["amp"][0]
-    settle_workers_and_threads(run, setup, model, key=lambda: _architecture(model, batches))
+    if not kept.keys() & {"num_workers", "num_threads"}:
+        settle_workers_and_threads(run, setup, model, key=lambda: _architecture(model, batches))
     if cfg.count_flops:   # after amp and threads: the peak is the run's precision's and cores'
         run.resolved.update(flops.resolve(
             model, loss_fn, lambda: setup.move(first_batch(setup.batches)), setup.amp, device,
@@ -240,6 +264,36 @@ def _prepare(run: Run, model, train_data, loss_fn, val_data) -> Setup:
     run.schedule = Schedule(cfg, run.total_steps)
     run.scaler = torch.amp.GradScaler(device.type, enabled=setup.amp == "fp16")
     return setup
+
+
+KEPT_WHY = "kept from the run being resumed"
+
+
+def _kept(run: Run, state) -> dict:
+    """The timed "auto" choices (amp, num_threads, num_workers) of the run being resumed,
+    for the fields still "auto": measured again they may come out otherwise (a busier
+    machine, a new kernel), and a CPU's sums differ with its thread count, so the resume
+    would not continue bit for bit. None when it trained on another device or process
+    count, or its checkpoint is older than these choices."""
+    saved = (state or {}).get("resolved") or {}
+    processes = run.resolved.get("processes", (1, ""))[0]
+    if saved.get("device", ("",))[0] != run.resolved["device"][0] \
+            or saved.get("processes", (1, ""))[0] != processes:
+        return {}
+    return {name: (value, why if why.startswith(KEPT_WHY) else f"{KEPT_WHY} ({why})")
+            for name, (value, why) in saved.items()
+            if name in ("amp", "num_threads", "num_workers")
+            and getattr(run.config, name) == "auto"}
+
+
+def _keep_workers(run: Run, batches, choice: tuple):
+    """nbtrain's loader with the resumed run's worker count (your DataLoader keeps its own)."""
+    if not isinstance(batches, LoaderBatches):
+        return batches
+    run.resolved["num_workers"] = choice
+    if choice[0] == batches.loader.num_workers:
+        return batches
+    return loader_batches(batches.dataset, run.config, choice[0], run.resolved["pin_memory"][0])
 
 
 def _data_path(run: Run, batches, device):
@@ -270,7 +324,7 @@ def _input_shapes(batches):
     try:   # one sample, read in this process: cheaper than a batch, and starts no worker
         return signature_of(batches.dataset[0]), getattr(holder, "batch_size", None)
     except Exception:
-        return len(batches)
+        return _length(batches)
 
 
 def _probe_step(model, setup: Setup, amp: str) -> None:
@@ -343,8 +397,7 @@ def _train_safely(run: Run, setup: Setup) -> None:
     except Exception as exc:
         run.optimizer.zero_grad(set_to_none=True)
         run.state, mid_step = "failed", True
-        run.error = TrainingError(_explain(exc, run, setup), run)
-        run.error.__cause__ = exc
+        run.error = _failure(exc, run, setup)
     finally:
         run.wall_s += time.perf_counter() - start
         rewind = mid_step and setup.boundary_rng is not None
@@ -365,42 +418,43 @@ def _train(run: Run, setup: Setup) -> None:
     interval = Interval(setup.device, run.step, cfg.telemetry)
     if setup.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(setup.device)   # peak of this run, not the kernel's
-    with _last_record_on_error(run, interval):
+    with _last_record_on_error(run, setup, interval):
         run.model.train()
         run.stage = "load"
         # A run that fails or is interrupted mid-step resumes from the last step boundary:
         # keep the RNG there (a 1 us copy per step), not as the half-done step left it.
         setup.boundary_rng = ckpt.rng_state(setup.device)
-        while run.step < run.total_steps and not run.stop_requested:
+        while run.step < run.total_steps and not run.stop_requested and _epochs_left(run):
             windows = _windows(setup.batches.epoch(run.epoch, run.batch_in_epoch),
                                cfg.grad_accum_steps)
-            while run.step < run.total_steps:
-                # --- next batch(es): time spent here is time the model waited for data
-                t = time.perf_counter()
-                window = next(windows, None)
-                interval.data_wait_s += time.perf_counter() - t
-                if window is None:
-                    break
-                # --- the step: set the LR, forward, backward, update
-                run.stage, setup.window = "step", window
-                lr = _step(run, setup, window, interval)
-                interval.end_step()
-                run.step += 1
-                run.batch_in_epoch += len(window)
-                run.stage = "load"
-                setup.boundary_rng = ckpt.rng_state(setup.device)
-                # --- log: the previous interval's one host read happens in interval.close
-                if interval.steps == cfg.log_every:
-                    _log(run, interval, lr)
-                if cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0:
-                    _checkpoint_now(run, interval, lr)
-                # --- termination
-                if run.stop_requested:
-                    break
+            ran_out = False
+            try:
+                while run.step < run.total_steps:
+                    # --- next batch(es): time spent here is time the model waited for data
+                    t = time.perf_counter()
+                    window = next(windows, None)
+                    interval.data_wait_s += time.perf_counter() - t
+                    if window is None:
+                        ran_out = True
+                        break
+                    # --- the step: set the LR, forward, backward, update; then past it
+                    run.stage, setup.window = "step", window
+                    lr = _step(run, setup, window, interval)
+                    _advance(run, setup, interval)
+                    # --- log: the previous interval's one host read happens in interval.close
+                    if interval.steps == cfg.log_every:
+                        _log(run, interval, lr)
+                    if cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0:
+                        _checkpoint_now(run, interval, lr)
+                    # --- termination
+                    if run.stop_requested:
+                        break
+            finally:   # a failed run's traceback keeps this frame: stop the loader's workers now
+                windows.close()
             if run.stop_requested:
                 break
             # --- the epoch ran to its end: validate
-            if run.batch_in_epoch >= len(setup.batches):
+            if _epoch_ended(run, setup.batches, ran_out):
                 if interval.steps:   # close the epoch's last, shorter interval before validating
                     _log(run, interval, _applied_lr(opt))
                 if setup.val_batches is not None:
@@ -412,6 +466,45 @@ def _train(run: Run, setup: Setup) -> None:
             _log(run, interval, _applied_lr(opt))
     _flush(run, interval)
     _save_checkpoint(run)
+
+
+def _epochs_left(run: Run) -> bool:
+    """Whether epochs remain: a run without max_steps trains `epochs` of them, even when
+    a loader that yields fewer batches than its length makes them shorter than counted."""
+    return run.config.max_steps is not None or run.epoch < run.config.epochs
+
+
+def _epoch_ended(run: Run, batches, ran_out: bool) -> bool:
+    """Whether the epoch's batches are all used: the source ran out (the only end an
+    iterable without a length has), or the loop reached total_steps at its last batch."""
+    length = _length(batches)
+    if not ran_out:
+        return length is not None and run.batch_in_epoch >= length
+    if run.batch_in_epoch == 0:   # epoch after epoch of nothing would never reach max_steps
+        raise ValueError(f"train_data yielded no batch in epoch {run.epoch}: an iterable that "
+                         "is used up after one pass (a generator?). Make its __iter__ start a "
+                         "new pass each time, or set max_steps within the first pass.")
+    if length is not None and run.batch_in_epoch < length:
+        _note(run, f"train_data's len() is {length} batches, but an epoch yielded "
+                   f"{run.batch_in_epoch}: each epoch ends where its batches run out, and the "
+                   f"{run.total_steps} steps planned (the LR schedule, the progress) counted "
+                   "len(). Fix its __len__, or set max_steps.")
+    return True
+
+
+def _length(batches) -> Optional[int]:
+    """len(batches), or None for an iterable without a length."""
+    try:
+        return len(batches)
+    except TypeError:
+        return None
+
+
+def _note(run: Run, text: str) -> None:
+    """Warn about something the run worked around, once, and keep it in run.notes."""
+    if text not in run.notes:
+        run.notes.append(text)
+        warnings.warn(text)
 
 
 def _step(run: Run, setup: Setup, window, interval: Interval) -> float:
@@ -442,20 +535,44 @@ def _step(run: Run, setup: Setup, window, interval: Interval) -> float:
     if cfg.clip_grad_norm is not None:
         scaler.unscale_(opt)   # clip the true gradients, not the fp16-scaled ones
         torch.nn.utils.clip_grad_norm_(setup.params, cfg.clip_grad_norm)
+    run.stage = "update"   # until _advance: a second Ctrl-C waits (see _ctrl_c_stops)
     scaler.step(opt)
+    setup.updated = True
     scaler.update()
     opt.zero_grad(set_to_none=True)
     return lr
 
 
+def _advance(run: Run, setup: Setup, interval: Interval) -> None:
+    """Past the step: count it, move the position, keep the RNG of the new boundary.
+
+    With the update these are one unit, or a resume would apply the update twice: a second
+    Ctrl-C waits until they are done, and a run that ends after the update (an error, a
+    KeyboardInterrupt) still counts its step (see _last_record_on_error).
+    """
+    run.step += 1
+    run.batch_in_epoch += len(setup.window)
+    setup.updated = False   # counted: an error from here on must not count it again
+    interval.end_step()
+    setup.boundary_rng = ckpt.rng_state(setup.device)
+    run.stage = "load"
+
+
 @contextlib.contextmanager
-def _last_record_on_error(run: Run, interval: Interval):
-    """When an error ends the loop, still emit the last interval's record, unless the
-    device cannot be read any more: the error that ended the run is the one to report."""
+def _last_record_on_error(run: Run, setup: Setup, interval: Interval):
+    """When an error ends the loop: a step whose update is in counts as done; then the
+    history gets every completed step (the open interval closed at the last of them),
+    unless the device cannot be read any more: the error that ended the run is the one
+    to report."""
     try:
         yield
     except BaseException:
         with contextlib.suppress(Exception):
+            if setup.updated:
+                _advance(run, setup, interval)
+            interval.drop_unfinished_step()
+            if interval.steps:
+                _log(run, interval, _applied_lr(run.optimizer))
             _flush(run, interval)
         raise
 
@@ -473,7 +590,9 @@ def _save_checkpoint(run: Run) -> None:
     """Write the run's checkpoint, unless its weights may be non-finite: the last good
     checkpoint stays the one to resume from."""
     if run.config.checkpoint_dir and not run.diverged:
+        run.stage = "checkpoint"
         run.save(ckpt.path_in(run.config.checkpoint_dir))
+        run.stage = "load"
 
 
 def _windows(batches, size: int):
@@ -531,7 +650,9 @@ def _emit_train(run: Run, record: Optional[dict], timed: bool) -> None:
 def _validate(run: Run, setup: Setup) -> None:
     if setup.val_batches is None:
         return
+    run.stage = "validate"
     record = evaluate(run, setup)
+    run.stage = "load"
     run.schedule.on_validation(record["val_loss"])
     run.emit(record)
 
@@ -539,23 +660,25 @@ def _validate(run: Run, setup: Setup) -> None:
 @torch.no_grad()
 def evaluate(run: Run, setup: Setup) -> dict:
     """Mean loss (and accuracy for class-index targets) over the validation data."""
-    run.model.eval()
     loss_sum = torch.zeros((), device=setup.device)
     correct = torch.zeros((), device=setup.device, dtype=torch.long)
     count, classified = 0, True
-    for batch in setup.val_batches.epoch(0):
-        batch = setup.val_move(batch)
-        with autocast_context(setup.amp, setup.device):   # one forward, even without loss_fn
-            out, loss = outputs_and_loss(setup.forward, setup.loss_fn, batch)
-        n = batch_len(batch)
-        loss_sum += loss.float() * n
-        count += n
-        scores, target = _scores_and_target(out, batch, setup.loss_fn)
-        if classified and _is_classification(scores, target):
-            correct += (scores.argmax(-1) == target).sum()
-        else:
-            classified = False
-    run.model.train()
+    run.model.eval()
+    try:
+        for batch in setup.val_batches.epoch(0):
+            batch = setup.val_move(batch)
+            with autocast_context(setup.amp, setup.device):   # one forward, even without loss_fn
+                out, loss = outputs_and_loss(setup.forward, setup.loss_fn, batch)
+            n = batch_len(batch)
+            loss_sum += loss.float() * n
+            count += n
+            scores, target = _scores_and_target(out, batch, setup.loss_fn)
+            if classified and _is_classification(scores, target):
+                correct += (scores.argmax(-1) == target).sum()
+            else:
+                classified = False
+    finally:   # a failed validation leaves a model that trains on (dropout, batch norm)
+        run.model.train()
     # one host read per validation; with several processes, the sums of all their shards
     wide = torch.float32 if setup.device.type == "mps" else torch.float64   # MPS has no float64
     totals = setup.sum_ranks(torch.stack([
@@ -587,13 +710,33 @@ def _is_classification(out, target) -> bool:
 
 
 # -- errors and Ctrl-C ------------------------------------------------------------------------
+def _failure(exc: Exception, run: Run, setup: Setup) -> TrainingError:
+    """The TrainingError for `exc`: explained, or as it is when explaining it fails too (a
+    failed run always has its error)."""
+    try:
+        text = _explain(exc, run, setup)
+    except Exception as inner:
+        text = (f"training failed at step {run.step}: {type(exc).__name__}: "
+                f"{shortened(str(exc))}\n  (explaining it failed: {type(inner).__name__}: "
+                f"{shortened(str(inner), 200)})")
+    error = TrainingError(text, run)
+    error.__cause__ = exc
+    return error
+
+
 def _explain(exc: Exception, run: Run, setup: Setup) -> str:
+    error = f"{type(exc).__name__}: {shortened(str(exc))}"
+    if run.stage == "validate":
+        return f"validation on val_data after epoch {run.epoch} (step {run.step}) failed: {error}"
+    if run.stage == "checkpoint":
+        return (f"writing the checkpoint {ckpt.path_in(run.config.checkpoint_dir)} at step "
+                f"{run.step} failed: {error}. Free space or fix the folder's permissions, or "
+                "set another checkpoint_dir; resume from the run (resume=run).")
     where = f"batch {run.batch_in_epoch} of epoch {run.epoch} (step {run.step})"
     if run.stage == "load" or worker_died(exc):   # a worker's death can land mid-step
-        text = f"loading {where} failed: {type(exc).__name__}: {shortened(str(exc))}"
         culprit = _load_culprit(exc, run, setup.batches)
-        return text + (f"\n  {culprit}" if culprit else "")
-    text = f"the training step failed on {where}: {type(exc).__name__}: {shortened(str(exc))}"
+        return f"loading {where} failed: {error}" + (f"\n  {culprit}" if culprit else "")
+    text = f"the training step failed on {where}: {error}"
     return text + "".join(f"\n  {line}" for line in _step_shapes(setup))
 
 
@@ -637,8 +780,9 @@ def _load_culprit(exc: Exception, run: Run, batches) -> Optional[str]:
     if dataset is None or not hasattr(source, "sample_indices"):
         return None
     # with gradient accumulation the loop was loading a window of batches from this one
-    last = min(run.batch_in_epoch + run.config.grad_accum_steps, len(source))
-    for batch in range(run.batch_in_epoch, last):
+    last = run.batch_in_epoch + run.config.grad_accum_steps
+    length = _length(source)   # None: an iterable without a length
+    for batch in range(run.batch_in_epoch, last if length is None else min(last, length)):
         indices = source.sample_indices(run.epoch, batch)
         culprit = describe_bad_sample(dataset, indices) if indices else None
         if culprit:
@@ -650,14 +794,17 @@ def _load_culprit(exc: Exception, run: Run, batches) -> Optional[str]:
 def _ctrl_c_stops(run: Run):
     """In the main thread, Ctrl-C (a kernel interrupt) ends the run at the step boundary.
 
-    A second Ctrl-C interrupts at once, for a step that never ends.
+    A second Ctrl-C interrupts at once, for a step that never ends; during the update
+    (see _advance) it ends the run at the boundary right after it.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def on_sigint(signum, frame):
-        if run.interrupted:   # the second press: the step in flight may never end
+        # the second press: the step in flight may never end; but an update always does,
+        # and cut off after it the weights would hold a step that the position does not
+        if run.interrupted and run.stage != "update":
             raise KeyboardInterrupt
         run.interrupt()
 

@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from .data import loader_batches, shippable, unwrapped, worker_settings
-from .data.batches import LoaderBatches, TensorBatches
+from .data.batches import LoaderBatches, TensorBatches, stop_workers
 from .devices import autocast_context, available_cores
 from .losses import outputs_and_loss
 from .memory import leaves_no_trace
@@ -215,9 +215,7 @@ class Feed:
             self.next()
 
     def close(self) -> None:
-        shutdown = getattr(self.iterator, "_shutdown_workers", None)
-        if shutdown is not None:   # the sampler never ends: stop the workers now
-            shutdown()
+        stop_workers(self.iterator)   # the sampler never ends: stop the workers now
 
 
 class _Forever:

@@ -20,7 +20,7 @@ import torch
 
 from .config import as_config
 from .display import display_with_figure
-from .loop import fit
+from .loop import fit, without_validation
 from .models import fresh_model
 from .tables import formatted, html_table, text_table
 
@@ -146,7 +146,7 @@ def profile(make_model, train_data, loss_fn: Optional[Callable] = None, *, confi
         raise ValueError(f"profile needs steps >= 1 and warmup >= 0; got steps={steps}, "
                          f"warmup={warmup}.")
     # warmup steps, the profiler's own warm-up step, then the recorded ones
-    cfg = as_config(config).replace(max_steps=warmup + 1 + steps)
+    cfg = without_validation(as_config(config)).replace(max_steps=warmup + 1 + steps)
     folder = folder or tempfile.mkdtemp(prefix="nbtrain-profile-")
     os.makedirs(folder, exist_ok=True)
     cuda = torch.cuda.is_available() and cfg.device != "cpu"

@@ -37,7 +37,8 @@ class Run:
         self.step = 0                       # optimizer steps done
         self.epoch = 0
         self.batch_in_epoch = 0             # batches of `epoch` already consumed
-        self.stage = "load"                 # "load" or "step": where the loop is, for errors
+        self.stage = "load"                 # where the loop is, for errors: "load", "step",
+                                            # "update", "validate" or "checkpoint"
         self.total_steps: Optional[int] = None
         self.wall_s = 0.0
         self._stop = threading.Event()

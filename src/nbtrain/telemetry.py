@@ -118,6 +118,7 @@ class Interval:
     def reset(self, start_step: int) -> None:
         self.start_step = start_step
         self.steps = self.micro = self.samples = self.skipped = 0
+        self.samples_done = 0         # samples of the interval's completed steps
         self.losses = []              # 0-dim device tensors: a list append costs less than
                                       # writing into a buffer (an indexing op per step)
         self.micro_ends = []          # micro-batch count after each step of the interval
@@ -135,6 +136,14 @@ class Interval:
         self.timer.step_done()
         self.steps += 1
         self.micro_ends.append(self.micro)
+        self.samples_done = self.samples
+
+    def drop_unfinished_step(self) -> None:
+        """Forget the micro-batches of a step that did not finish (an error, a second
+        Ctrl-C): a record holds completed steps only, and the run resumes before it."""
+        done = self.micro_ends[-1] if self.micro_ends else 0
+        del self.losses[done:]
+        self.micro, self.samples = done, self.samples_done
 
     def close(self, step: int, epoch: int, lr: float) -> Optional[dict]:
         """End this interval and start the next; the previous interval's record, if any.

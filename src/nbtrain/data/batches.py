@@ -139,7 +139,7 @@ class LoaderBatches:
     def epoch(self, epoch: int, start: int = 0) -> Iterator:
         self.sampler.epoch, self.sampler.start = epoch, start
         self.loader.generator.manual_seed(self.sampler.seed * 1_000_003 + epoch)
-        return iter(self.loader)
+        return stopping_workers(self.loader)
 
     def sample_indices(self, epoch: int, batch: int) -> List[int]:
         return self.sampler.sample_indices(epoch, batch)
@@ -168,10 +168,37 @@ class GivenLoader:
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator:
         # Best effort on resume: skip what was consumed (its own sampler may reshuffle).
-        return itertools.islice(iter(self.loader), start, None)
+        return itertools.islice(stopping_workers(self.loader), start, None)
 
     def sample_indices(self, epoch: int, batch: int) -> Optional[List[int]]:
         return None
+
+
+def stopping_workers(loader: DataLoader) -> Iterator:
+    """The batches of one iter(loader), its worker processes stopped as soon as the epoch
+    ends early (an error, the loop closing it): a failed run's traceback keeps the
+    iterator, which would keep the workers alive as long as the notebook keeps the error."""
+    batches = iter(loader)   # now, not at the first next(): the sampler's epoch is set
+
+    def until_done():
+        finished = False
+        try:
+            yield from batches
+            finished = True   # run out: the iterator stopped its workers (or keeps them, persistent)
+        finally:
+            if not finished:
+                stop_workers(batches, loader)
+    return until_done()
+
+
+def stop_workers(batches, loader: Optional[DataLoader] = None) -> None:
+    """Stop the worker processes of `batches`, an iterator of `loader` (none without workers)."""
+    shutdown = getattr(batches, "_shutdown_workers", None)
+    if shutdown is None:
+        return
+    shutdown()
+    if getattr(loader, "_iterator", None) is batches:   # persistent workers: the next
+        loader._iterator = None                         # iter() starts new ones
 
 
 def as_tensors(data, what: str = "train_data") -> Optional[tuple]:
