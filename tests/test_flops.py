@@ -104,7 +104,7 @@ def test_the_cpu_probe_is_cached_per_machine(monkeypatch, tmp_path):
 def test_a_peak_probed_under_load_is_probed_again_when_the_machine_is_quieter(monkeypatch, tmp_path):
     monkeypatch.setenv("NBTRAIN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(flops, "_PROBED", {})
-    monkeypatch.setattr(flops, "available_cores", lambda: 2)
+    monkeypatch.setattr(flops, "load_change_that_counts", lambda: 1.0)   # as on 2 cores
     figures = iter([(0.01, 512), (0.08, 1024), (0.05, 1024)])
     monkeypatch.setattr(flops, "probe_gemm", lambda device, dtype: next(figures))
     cpu = torch.device("cpu")

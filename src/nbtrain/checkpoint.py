@@ -17,7 +17,8 @@ from .files import atomic_write
 
 FORMAT = 1
 # The run's timed "auto" choices, which a resume keeps (loop._kept), and where they were made
-KEPT = ("device", "processes", "amp", "num_threads", "num_workers")
+KEPT_CHOICES = ("amp", "num_threads", "num_workers")
+KEPT = ("device", "processes") + KEPT_CHOICES
 
 
 def rng_state(device=None) -> dict:

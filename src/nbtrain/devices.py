@@ -164,6 +164,13 @@ def available_cores() -> int:
     return joblib.cpu_count()
 
 
+def load_change_that_counts() -> float:
+    """How far the 1-minute load average must move before a timing taken under the old load
+    is measured again (probe.py's workers and threads, flops.py's peak): half the cores,
+    at least 1, since the load of a busy machine wanders by about one core anyway."""
+    return max(1.0, available_cores() / 2)
+
+
 def resolve_threads(requested, device: torch.device, workers: int) -> Choice:
     """Intra-op threads for the run. Worker processes load on the same cores as a CPU
     run's matmuls: both at full width oversubscribe them (bench/threads.py: 1 worker on

@@ -300,10 +300,11 @@ class _Relay:
         if self.run.stop_requested and not self.stopped:
             self.requests.stop()
             self.stopped = True
-        if self._base_lr() != self.lr:
-            self.lr = self._base_lr()
-            if self.lr is not None:
-                self.requests.set_lr(self.lr)
+        lr = self._base_lr()
+        if lr != self.lr:
+            self.lr = lr
+            if lr is not None:
+                self.requests.set_lr(lr)
 
 
 def _follow(run: Run, record: dict) -> None:
@@ -363,14 +364,15 @@ def _finish(run: Run, ends: dict, failure, position: tuple) -> None:
     state the Run keeps what it had before, its `position` too, so a resume repeats
     nothing and skips nothing."""
     rng = None
-    if failure is not None or len({e["step"] for e in ends.values()}) > 1:
+    split = len({e["step"] for e in ends.values()}) > 1   # the stop agreement failed
+    if failure is not None or split:
         run.step, run.epoch, run.batch_in_epoch = position
     if failure is not None:
         rank, body = failure
         run.state = "interrupted" if body.get("interrupted") else "failed"
         if run.state == "failed":
             run.error = _failure_error(run, rank, body)
-    elif len({e["step"] for e in ends.values()}) > 1:   # the stop agreement failed
+    elif split:
         run.state = "failed"
         run.error = TrainingError("the ranks ended at different steps ("
                                   + ", ".join(f"rank {r}: {e['step']}" for r, e in
@@ -486,9 +488,10 @@ class RankRun(Run):
         asked = torch.tensor([float(stop or self._stop.is_set()), lr if self.rank == 0 else 0.0],
                              dtype=torch.float64)
         dist.all_reduce(asked, op=dist.ReduceOp.SUM, group=self._control)
-        self._agreed = asked[0].item() > 0
-        if asked[1].item() > 0 and hasattr(self.schedule, "base_lr"):
-            self.schedule.base_lr = asked[1].item()
+        stop, lr = asked.tolist()   # a CPU tensor, every log_every steps: no device sync
+        self._agreed = stop > 0
+        if lr > 0 and hasattr(self.schedule, "base_lr"):
+            self.schedule.base_lr = lr
         return self._agreed
 
     def save(self, path) -> str:
@@ -584,7 +587,7 @@ def _prepare_rank(run: RankRun, payload: dict, backend: str, share: int):
     setup = loop._prepare(run, model, payload["train_data"], payload["loss_fn"],
                           payload["val_data"])
     source = getattr(setup.batches, "source", setup.batches)   # under a CudaPrefetcher
-    getattr(source, "sampler", source).shard(run.rank, run.world)
+    _plan(source).shard(run.rank, run.world)
     run.total_steps = loop.count_steps(cfg, setup.batches)
     run.schedule = Schedule(cfg, run.total_steps)
     run.resolved["backend"] = (backend, "CUDA: one GPU per process" if backend == "nccl"
@@ -605,13 +608,18 @@ def _prepare_rank(run: RankRun, payload: dict, backend: str, share: int):
     return setup
 
 
+def _plan(batches):
+    """The EpochPlan that orders `batches`: a loader's sampler, or tensor batches themselves."""
+    return getattr(batches, "sampler", batches)
+
+
 def _shard_validation(run: RankRun, setup) -> None:
     """Each rank validates its share of val_data (every sample, once over the ranks) and
     loop.evaluate sums the shares' totals. Your own DataLoader cannot be split: every rank
     validates all of it, and the sums over the ranks still give its mean."""
     if setup.val_batches is None:
         return
-    plan = getattr(setup.val_batches, "sampler", setup.val_batches)
+    plan = _plan(setup.val_batches)
     if hasattr(plan, "shard"):
         plan.shard(run.rank, run.world, every_sample=True)
 

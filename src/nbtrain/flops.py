@@ -39,7 +39,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from .data.nested import structure
-from .devices import autocast_context, available_cores, intra_op_threads
+from .devices import autocast_context, intra_op_threads, load_change_that_counts
 from .files import atomic_write, cache_dir
 from .losses import outputs_and_loss
 from .memory import leaves_no_trace
@@ -185,7 +185,7 @@ def _stale(entry: dict, device: torch.device) -> bool:
     the cores (at least 1) since then, the rule probe.py uses for workers and threads."""
     if device.type != "cpu":
         return False
-    return entry.get("load", float("inf")) - os.getloadavg()[0] > max(1.0, available_cores() / 2)
+    return entry.get("load", float("inf")) - os.getloadavg()[0] > load_change_that_counts()
 
 
 def _probe_again(machine: dict, old: Optional[dict], device, prec: str, threads: int) -> dict:

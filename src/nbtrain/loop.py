@@ -282,8 +282,7 @@ def _kept(run: Run, state) -> dict:
         return {}
     return {name: (value, why if why.startswith(KEPT_WHY) else f"{KEPT_WHY} ({why})")
             for name, (value, why) in saved.items()
-            if name in ("amp", "num_threads", "num_workers")
-            and getattr(run.config, name) == "auto"}
+            if name in ckpt.KEPT_CHOICES and getattr(run.config, name) == "auto"}
 
 
 def _keep_workers(run: Run, batches, choice: tuple):

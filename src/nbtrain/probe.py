@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 
 from .data import loader_batches, shippable, unwrapped, worker_settings
 from .data.batches import LoaderBatches, TensorBatches, stop_workers
-from .devices import autocast_context, available_cores
+from .devices import autocast_context, available_cores, load_change_that_counts
 from .losses import outputs_and_loss
 from .memory import leaves_no_trace
 
@@ -264,7 +264,7 @@ def _measured(key: tuple, measure_now, dataset) -> Tuple[Measured, bool]:
     there is none or the load has since changed by more than half the cores (at least 1)."""
     found = _MEASURED.get(key)
     if found is not None and found.dataset() is dataset \
-            and abs(os.getloadavg()[0] - found.load) <= max(1.0, available_cores() / 2):
+            and abs(os.getloadavg()[0] - found.load) <= load_change_that_counts():
         return found, True
     found = _MEASURED[key] = measure_now()
     found.dataset = _weak(dataset)
