@@ -40,7 +40,7 @@ def _cpu_run(blobs, **overrides):
 def test_cpu_run_saves_and_resumes_without_touching_cuda(blobs, tmp_path, monkeypatch):
     _forbid_cuda_rng(monkeypatch)
     run = _cpu_run(blobs, checkpoint_dir=str(tmp_path))
-    assert "cuda" not in run.checkpoint()["rng"]
+    assert "cuda" not in run.state_dict()["rng"]
     assert "cuda" not in ckpt.load(ckpt.path_in(tmp_path))["rng"]
     for source in (run, ckpt.path_in(tmp_path)):
         resumed = nt.fit(mlp(), blobs, F.cross_entropy, config=quick(max_steps=6),
@@ -49,7 +49,7 @@ def test_cpu_run_saves_and_resumes_without_touching_cuda(blobs, tmp_path, monkey
 
 
 def test_cuda_state_of_a_checkpoint_is_skipped_on_a_cpu_resume(blobs, monkeypatch):
-    state = _cpu_run(blobs).checkpoint()
+    state = _cpu_run(blobs).state_dict()
     state["rng"]["cuda"] = torch.ones(4, dtype=torch.uint8)
     target = _cpu_run(blobs)
     _forbid_cuda_rng(monkeypatch)
@@ -62,13 +62,13 @@ def test_saves_only_the_run_devices_cuda_state(blobs, monkeypatch):
     run.resolved["device"] = ("cuda:1", "asked for")   # as if it had trained on the second GPU
     run._rng_at_end = None                               # read the RNG live
     calls = _record_cuda_rng(monkeypatch)
-    state = run.checkpoint()
+    state = run.state_dict()
     assert calls == [("get", "cuda:1")]
     assert torch.equal(state["rng"]["cuda"], torch.ones(4))
 
 
 def test_restores_the_cuda_state_onto_the_resumed_runs_device(blobs, monkeypatch):
-    state = _cpu_run(blobs).checkpoint()
+    state = _cpu_run(blobs).state_dict()
     saved = torch.full((4,), 7, dtype=torch.uint8)
     state["rng"]["cuda"] = saved   # trained on some GPU, whichever index it had
     target = _cpu_run(blobs)
@@ -82,7 +82,7 @@ def test_restores_the_cuda_state_onto_the_resumed_runs_device(blobs, monkeypatch
 @pytest.mark.parametrize("device, restored", [("cuda:0", True), ("cuda:1", False)])
 def test_older_checkpoints_with_every_devices_state_still_load(blobs, monkeypatch, device,
                                                                restored):
-    state = _cpu_run(blobs).checkpoint()
+    state = _cpu_run(blobs).state_dict()
     state["rng"]["cuda"] = [torch.full((4,), 3, dtype=torch.uint8)]   # one GPU was visible
     target = _cpu_run(blobs)
     target.resolved["device"] = (device, "asked for")

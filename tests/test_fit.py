@@ -51,7 +51,7 @@ def test_amp_auto_measures_bf16_on_a_cpu_that_has_it():
 
 
 def test_the_bf16_measurement_leaves_no_trace():
-    from nbtrain.loop import _probe_step, Setup
+    from nbtrain.prepare import Setup, probe_step
     from nbtrain.data.batches import TensorBatches
     torch.manual_seed(0)
     model = nn.Sequential(nn.Dropout(0.5), nn.BatchNorm1d(8), nn.Linear(8, 3))
@@ -59,7 +59,7 @@ def test_the_bf16_measurement_leaves_no_trace():
     setup = Setup(torch.device("cpu"), "off", TensorBatches((x, y), 32, True, False, 0), None,
                   lambda b: b, model, F.cross_entropy, list(model.parameters()))
     rng, stats = torch.get_rng_state(), model[1].running_mean.clone()
-    _probe_step(model, setup, "bf16")
+    probe_step(model, setup, "bf16")
     assert torch.equal(torch.get_rng_state(), rng)
     assert torch.equal(model[1].running_mean, stats)
     assert all(p.grad is None for p in model.parameters())

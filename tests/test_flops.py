@@ -8,7 +8,8 @@ from torch.nn import functional as F
 
 import nbtrain as nt
 from nbtrain import flops
-from nbtrain.telemetry import diagnose, merge
+from nbtrain.diagnosis import diagnose
+from nbtrain.run import merge
 
 from conftest import mlp, quick
 
@@ -28,7 +29,7 @@ def test_linear_stack_counts_exactly_the_analytic_flops(widths, bias):
     weights = [a * b for a, b in zip(widths, widths[1:])]
     forward = 2 * batch * sum(weights)
     expected = forward + 2 * forward - 2 * batch * weights[0]
-    assert flops.count_flops(model, F.cross_entropy, (x, y), "off", torch.device("cpu")) == expected
+    assert flops.flops_per_batch(model, F.cross_entropy, (x, y), "off", torch.device("cpu")) == expected
 
 
 def test_counting_leaves_no_trace_and_is_cached(monkeypatch):
@@ -37,21 +38,21 @@ def test_counting_leaves_no_trace_and_is_cached(monkeypatch):
     batch = (torch.randn(16, 8), torch.randint(0, 3, (16,)))
     model[0].weight.grad = torch.ones_like(model[0].weight)   # a backward the user ran
     rng = torch.get_rng_state()
-    first = flops.count_flops(model, F.cross_entropy, batch, "off", torch.device("cpu"))
+    first = flops.flops_per_batch(model, F.cross_entropy, batch, "off", torch.device("cpu"))
     assert torch.equal(model[0].weight.grad, torch.ones_like(model[0].weight))
     assert all(p.grad is None for p in model.parameters() if p is not model[0].weight)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert torch.equal(rng, torch.get_rng_state())
     monkeypatch.setattr(flops, "leaves_no_trace", None)   # a second count would fail
-    assert flops.count_flops(model, F.cross_entropy, batch, "off", torch.device("cpu")) == first
+    assert flops.flops_per_batch(model, F.cross_entropy, batch, "off", torch.device("cpu")) == first
 
 
 def test_frozen_layers_have_no_gradients_to_count():
     x, y = torch.randn(4, 8), torch.randint(0, 3, (4,))
     model = linear_stack((8, 16, 3))
-    full = flops.count_flops(model, F.cross_entropy, (x, y), "off", torch.device("cpu"))
+    full = flops.flops_per_batch(model, F.cross_entropy, (x, y), "off", torch.device("cpu"))
     model[0].requires_grad_(False)
-    assert flops.count_flops(model, F.cross_entropy, (x, y), "off", torch.device("cpu")) \
+    assert flops.flops_per_batch(model, F.cross_entropy, (x, y), "off", torch.device("cpu")) \
         == full - 2 * 4 * 8 * 16 - 2 * 4 * 16 * 3   # nor an input gradient for the layer after
 
 
@@ -130,7 +131,7 @@ def test_records_and_summary_carry_tflops_and_mfu(blobs, monkeypatch):
     monkeypatch.setattr(flops, "peak_tflops", lambda device, prec, threads: (1e-3, "a test peak"))
     run = nt.fit(mlp(), blobs, F.cross_entropy, config=quick(epochs=1), progress=False)
     per_step, why = run.resolved["flops_per_step"]
-    assert per_step == flops.count_flops(mlp(), F.cross_entropy, (blobs[0][:32], blobs[1][:32]),
+    assert per_step == flops.flops_per_batch(mlp(), F.cross_entropy, (blobs[0][:32], blobs[1][:32]),
                                          "off", torch.device("cpu"))
     assert "FlopCounterMode" in why
     assert run.resolved["peak_tflops"] == (1e-3, "a test peak")
@@ -144,7 +145,7 @@ def test_records_and_summary_carry_tflops_and_mfu(blobs, monkeypatch):
 
 
 def test_count_flops_false_counts_nothing(blobs, monkeypatch):
-    monkeypatch.setattr(flops, "count_flops", None)   # would fail if called
+    monkeypatch.setattr(flops, "flops_per_batch", None)   # would fail if called
     run = nt.fit(mlp(), blobs, F.cross_entropy, config=quick(max_steps=10, count_flops=False),
                  progress=False)
     assert "flops_per_step" not in run.resolved and "peak_tflops" not in run.resolved
@@ -155,7 +156,7 @@ def test_count_flops_false_counts_nothing(blobs, monkeypatch):
 def test_a_model_the_counter_cannot_run_still_trains(blobs, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("no FLOPs here")
-    monkeypatch.setattr(flops, "count_flops", broken)
+    monkeypatch.setattr(flops, "flops_per_batch", broken)
     run = nt.fit(mlp(), blobs, F.cross_entropy, config=quick(max_steps=10), progress=False)
     assert run.state == "finished"
     assert run.resolved["flops_per_step"][0] is None

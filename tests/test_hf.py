@@ -259,10 +259,10 @@ def test_fasttrain_trains_bert_on_padded_dict_batches(hf, tokenizer):
 
 def test_the_bf16_probes_key_holds_a_mapping_samples_shapes():
     from nbtrain.data import make_batches
-    from nbtrain.loop import _input_shapes
+    from nbtrain.prepare import input_shapes
     resolved = {}
     batches = make_batches(DictSamples(), quick(num_workers=0), torch.device("cpu"), resolved)
-    shapes, batch_size = _input_shapes(batches)
+    shapes, batch_size = input_shapes(batches)
     assert batch_size == 32
     assert dict(shapes) == {"x": ("tensor", (8,), torch.float32),
                             "labels": ("tensor", (), torch.int64)}

@@ -13,7 +13,7 @@ from torch.nn import functional as F
 
 import nbtrain as nt
 from nbtrain import checkpoint as ckpt
-from nbtrain import loop
+from nbtrain import failure
 
 from conftest import EndsOnce, Samples, mlp, quick, same_state
 
@@ -54,7 +54,9 @@ def test_a_failed_load_names_the_sample_in_any_batch_of_an_accumulation_window(b
     data.bad = 3 * 32 + 5                # in the second batch of the window at batch 2
     with pytest.raises(nt.TrainingError) as err:
         _fit(data, epochs=1, grad_accum_steps=2, shuffle=False)
-    assert "in batch 3: sample 101 raised ValueError" in str(err.value)
+    first, rest = str(err.value).split("\n", 1)
+    assert first.startswith("loading batch 3 of epoch 0 (step 1) failed")   # the batch that failed
+    assert "\n  sample 101 raised ValueError" in rest
 
 
 def test_nan_is_seen_before_a_checkpoint_holds_its_weights(blobs, tmp_path):
@@ -304,7 +306,7 @@ def test_an_iterable_that_yields_nothing_in_an_epoch_fails_naming_it(blobs):
 def test_a_failure_to_explain_a_failure_still_reports_it(blobs, monkeypatch):
     def broken(*args):
         raise TypeError("the explanation broke")
-    monkeypatch.setattr(loop, "_load_culprit", broken)
+    monkeypatch.setattr(failure, "_load_culprit", broken)
     with pytest.raises(nt.TrainingError, match="ValueError: corrupt record") as err:
         _fit(Samples(*blobs, bad=200), epochs=1, num_workers=0)
     assert err.value.run.state == "failed" and err.value.run.error is err.value

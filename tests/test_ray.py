@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import nbtrain as nt
-from nbtrain import ray_cluster
+from nbtrain import checkpoint as ckpt
 from nbtrain.config import ConfigError
 from test_processes import digits_like, mlp, poisoned, sgd   # the local 2-process tests'
 
@@ -61,7 +61,7 @@ def test_ray_equals_two_local_processes_and_records_arrive_live(local_ray, tmp_p
     # Ray's checkpoint of the end: resume= takes the run's storage folder
     storage = run.resolved["storage_path"][0]
     assert storage.startswith(str(tmp_path))
-    state = torch.load(ray_cluster.checkpoint_path(storage), weights_only=True)
+    state = torch.load(ckpt.checkpoint_path(storage), weights_only=True)
     assert state["position"]["step"] == 24
     again = nt.fit(mlp(), data, loss, config=sgd(batch_size=16).replace(max_steps=28),
                    resume=storage, progress=False)   # here, in one process

@@ -17,7 +17,7 @@ from torch.nn import functional as F
 
 import nbtrain as nt
 from nbtrain import checkpoint as ckpt
-from nbtrain import loop
+from nbtrain import prepare
 from nbtrain.config import FIELD_NAMES, SETTINGS
 from nbtrain.data import loader_batches
 from nbtrain.data.batches import LoaderBatches
@@ -125,10 +125,11 @@ def _measured_here(monkeypatch, workers: int, threads: int, amp: str) -> None:
         run.resolved["num_threads"] = (threads, f"measured {threads} thread(s) fastest")
         if isinstance(setup.batches, LoaderBatches):
             run.resolved["num_workers"] = (workers, f"measured {workers} worker(s) fastest")
-            setup.batches = loader_batches(setup.batches.dataset, run.config, workers)
-    monkeypatch.setattr(loop, "settle_workers_and_threads", settle)
-    monkeypatch.setattr(loop, "resolve_amp", lambda requested, device: (amp, "CPU has amx_bf16"))
-    monkeypatch.setattr(loop, "cpu_bf16_choice", lambda step, key: (amp, f"measured {amp}"))
+            return loader_batches(setup.batches.dataset, run.config, workers)
+        return setup.batches
+    monkeypatch.setattr(prepare, "settle_workers_and_threads", settle)
+    monkeypatch.setattr(prepare, "resolve_amp", lambda requested, device: (amp, "CPU has amx_bf16"))
+    monkeypatch.setattr(prepare, "cpu_bf16_choice", lambda step, key: (amp, f"measured {amp}"))
 
 
 @pytest.mark.parametrize("path", ["tensors", "dataset"])

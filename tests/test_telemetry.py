@@ -11,7 +11,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import nbtrain as nt
-from nbtrain import telemetry
+from nbtrain import diagnosis, telemetry
 
 from conftest import mlp, quick
 
@@ -220,9 +220,9 @@ COMPUTE_BOUND = {"data_wait_frac": 0.01, "copy_frac": 0.01, "compute_frac": 0.98
 
 
 def _advice(monkeypatch, device, amp, bf16_cpu="", bf16_gpu=False):
-    monkeypatch.setattr(telemetry, "cpu_bf16_feature", lambda: bf16_cpu)
-    monkeypatch.setattr(telemetry, "gpu_has_bf16", lambda device: bf16_gpu)
-    return telemetry.diagnose(COMPUTE_BOUND, {"device": (device, ""), "amp": amp})
+    monkeypatch.setattr(diagnosis, "cpu_bf16_feature", lambda: bf16_cpu)
+    monkeypatch.setattr(diagnosis, "gpu_has_bf16", lambda device: bf16_gpu)
+    return diagnosis.diagnose(COMPUTE_BOUND, {"device": (device, ""), "amp": amp})
 
 
 def test_diagnosis_never_advises_bf16_where_auto_found_no_bf16_units(monkeypatch):

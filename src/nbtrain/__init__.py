@@ -9,14 +9,14 @@ from . import datasets
 from .autotune import autotune
 from .compare import compare
 from .config import ConfigError, TrainConfig
-from .loop import fit
+from .entry import fit
 from .lr_find import lr_find
 from .memory import max_batch_size
 from .profiling import profile
 from .run import Run, TrainingError
 from .schedule import schedule_preview
 
-__version__ = "0.1.0"
+from .version import __version__
 __all__ = ["TrainConfig", "ConfigError", "fit", "Run", "TrainingError", "schedule_preview",
            "max_batch_size", "compare", "lr_find", "autotune", "profile",
            "datasets", "data", "load_ipython_extension", "unload_ipython_extension",

@@ -34,7 +34,7 @@ from .data.batches import as_tensors
 from .devices import available_cores, cpu_bf16_feature, gpu_has_bf16, resolve_device
 from .display import display_with_figure
 from .files import atomic_write, cache_dir
-from .loop import fit, without_validation
+from .entry import fit, without_validation
 from .models import fresh_model
 from .tables import html_table, text_table
 

@@ -10,13 +10,14 @@ import copy
 import os
 import zipfile
 from pathlib import Path
+from typing import Optional
 
 import torch
 
 from .files import atomic_write
 
 FORMAT = 1
-# The run's timed "auto" choices, which a resume keeps (loop._kept), and where they were made
+# The run's timed "auto" choices, which a resume keeps (prepare.kept_choices), and where they were made
 KEPT_CHOICES = ("amp", "num_threads", "num_workers")
 KEPT = ("device", "processes") + KEPT_CHOICES
 
@@ -219,3 +220,47 @@ def _restore_rng(rng: dict, device: torch.device) -> None:
         cuda = cuda[index] if index < len(cuda) else None
     if cuda is not None:
         torch.cuda.set_rng_state(cuda, device)
+
+
+# -- what `resume=` may be -----------------------------------------------------------------------
+CHECKPOINT_FILE = "last.pt"   # nbtrain's checkpoint file inside a Ray checkpoint's folder
+
+
+def state_to_resume(resume) -> Optional[dict]:
+    """The state `fit(resume=...)` continues from: a Run's, or a checkpoint file's (a path,
+    a Ray Result or Checkpoint, a checkpoint folder); None for no resume."""
+    if resume is None:
+        return None
+    if hasattr(resume, "state_dict") and hasattr(resume, "history"):   # a Run
+        return resume.state_dict()
+    resume = checkpoint_path(resume) or resume
+    if isinstance(resume, (str, bytes)) or hasattr(resume, "__fspath__"):
+        return load(resume)
+    raise TypeError(f"resume must be a Run, a checkpoint path or a Ray Result/Checkpoint; "
+                    f"got {type(resume).__name__}.")
+
+
+def checkpoint_path(resume) -> Optional[str]:
+    """The nbtrain checkpoint file in a Ray Result, a Ray Checkpoint (on any storage Ray
+    reads: it is copied here), a checkpoint folder, or a run's storage folder (its last
+    checkpoint); None when `resume` is none of those."""
+    if type(resume).__name__ == "Result" and hasattr(resume, "checkpoint"):   # ray.train
+        if resume.checkpoint is None:
+            raise ValueError("this Ray run saved no checkpoint: set checkpoint_dir (Ray's "
+                             "storage_path) to save one")
+        resume = resume.checkpoint
+    if hasattr(resume, "to_directory"):   # a ray.train.Checkpoint
+        folder = resume.to_directory()
+    elif isinstance(resume, (str, os.PathLike)) and os.path.isdir(resume):
+        folder = os.fspath(resume)
+    else:
+        return None
+    if not os.path.isfile(os.path.join(folder, CHECKPOINT_FILE)):
+        saved = sorted(name for name in os.listdir(folder) if name.startswith("checkpoint_")
+                       and os.path.isfile(os.path.join(folder, name, CHECKPOINT_FILE)))
+        if not saved:
+            raise FileNotFoundError(f"no nbtrain checkpoint in {folder} (expected "
+                                    f"{CHECKPOINT_FILE}, or checkpoint_*/{CHECKPOINT_FILE} "
+                                    "folders of a cluster='ray' run)")
+        folder = os.path.join(folder, saved[-1])
+    return os.path.join(folder, CHECKPOINT_FILE)

@@ -6,7 +6,7 @@ import sys
 
 
 def main(argv=None) -> int:
-    from . import __version__
+    from .version import __version__
     parser = argparse.ArgumentParser(prog="nbtrain", description=__doc__)
     parser.add_argument("--version", action="version", version=f"nbtrain {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -18,7 +18,7 @@ import torch
 from .config import ConfigError, TrainConfig, as_config
 from .devices import resolve_device
 from .display import display_with_figure
-from .loop import fit, without_validation
+from .entry import fit, without_validation
 from .models import fresh_model, initial_weights
 from .run import Run, TrainingError
 from .tables import cell, html_table, text_table

@@ -15,7 +15,7 @@ from torch import nn
 from . import datasets
 from .config import TrainConfig
 from .devices import available_cores
-from .loop import fit
+from .entry import fit
 
 # Everything a hand-written loop leaves at PyTorch's defaults: fp32, per-sample
 # DataLoader with no workers and no pinning, the for-loop optimizer.

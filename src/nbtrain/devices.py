@@ -5,7 +5,7 @@ import contextlib
 import functools
 import platform
 import time
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -55,13 +55,22 @@ def _checked_device(name: str) -> torch.device:
 
 
 @functools.lru_cache(maxsize=None)
-def cpu_bf16_feature() -> str:
-    """The CPU flag that makes bf16 matmuls fast here ('' when there is none)."""
+def cpuinfo(field: str) -> Optional[str]:
+    """The value of /proc/cpuinfo's first `field` line ("flags", "model name"); None where
+    there is no /proc (macOS, Windows) or no such line."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
-    except OSError:   # macOS, Windows: no /proc; Apple silicon bf16 autocast is slow
-        return ""
+            line = next((line for line in f if line.startswith(field)), None)
+    except OSError:
+        return None
+    return line.split(":", 1)[1].strip() if line else None
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_bf16_feature() -> str:
+    """The CPU flag that makes bf16 matmuls fast here ('' when there is none; without
+    /proc: macOS, where Apple silicon's bf16 autocast is slow, and Windows)."""
+    flags = (cpuinfo("flags") or "").split()
     for flag in ("amx_bf16", "avx512_bf16"):
         if flag in flags:
             return flag

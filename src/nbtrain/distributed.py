@@ -1,8 +1,8 @@
 """Data-parallel training in local processes on torch.distributed: TrainConfig(processes=N).
 
 `fit` hands a run with processes > 1 here. This, the notebook's process, starts N rank
-processes; each runs the same per-rank loop as a one-process fit (loop._prepare,
-loop._train_safely) on its share of each epoch's samples, with the model wrapped in
+processes; each runs the same per-rank loop as a one-process fit (prepare.prepare,
+loop.train_safely) on its share of each epoch's samples, with the model wrapped in
 DistributedDataParallel: gradients travel only through torch.distributed (gloo on CPU,
 nccl on CUDA, one GPU per rank). The ranks' records stream back through a queue into the
 notebook's one Run, so the Panel, Dashboard and progress bar work unchanged; Stop is
@@ -12,6 +12,7 @@ agreed by all ranks at interval boundaries; at the end the user's model object h
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import queue as queue_module
@@ -30,11 +31,13 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from . import checkpoint as ckpt
-from . import loop
 from .config import ConfigError, TrainConfig
-from .data.batches import as_tensors, batch_count
+from .data.batches import source_of
 from .devices import available_cores, resolve_device
 from .optim import build_optimizer, resolve_impl
+from .loop import train_safely
+from .prepare import batches_per_epoch, count_steps, samples_in
+from .prepare import prepare as prepare_setup
 from .run import Run, TrainingError
 from .schedule import Schedule
 
@@ -70,11 +73,13 @@ START_WHY = ("forked from a fresh server process that imported torch once (a spa
 RANK_TIMEOUT_S = float(os.environ.get("NBTRAIN_RANK_TIMEOUT_S", 300))
 
 
-def fit(run: Run, model, train_data, loss_fn, val_data, state, *, background: bool,
-        progress, schedule, on_start, start=None) -> Run:
-    """loop.fit for processes > 1: the same Run, trained by `run.resolved["processes"]`
-    rank processes. Raises before any process starts for data that cannot be split.
-    `start(payload)`: ranks elsewhere (ray_cluster.Workers), not local processes."""
+def prepare(run: Run, model, train_data, loss_fn, val_data, state, schedule,
+            start=None):
+    """The engine for processes > 1 (see entry._engine): the notebook's Run prepared as
+    one process's would be, without touching a GPU; returns `begin()`, which starts the
+    ranks and returns the function that supervises them. Raises before any process
+    starts for data that cannot be split. `start(payload)`: ranks elsewhere
+    (ray_cluster.Workers), not local processes."""
     cfg, world = run.config, run.resolved["processes"][0]
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}.")
@@ -89,21 +94,14 @@ def fit(run: Run, model, train_data, loss_fn, val_data, state, *, background: bo
         raise ConfigError(f"TrainConfig.processes={cfg.processes} needs a GPU per process; "
                           f"this machine has {gpus}. Use processes<={gpus} (or 'auto'), or "
                           "device='cpu'.", field="processes")
-    _prepare_here(run, model, train_data, state, world)   # loop.fit refused a busy model
+    _prepare_here(run, model, train_data, state, world)
     payload = dict(model=model, train_data=train_data, loss_fn=loss_fn, val_data=val_data,
                    config=cfg, state=state, schedule=schedule, timeout_s=RANK_TIMEOUT_S)
-    loop.attach_hooks(run, schedule, on_start, progress)
-    loop._claim(model, run)
-    ranks = Ranks(world, payload) if start is None else start(payload)
-    if background:
-        run.start(threading.Thread(target=_supervise, args=(run, ranks),
-                                   name="nbtrain-fit", daemon=True))
-        return run
-    with loop._ctrl_c_stops(run):
-        _supervise(run, ranks)
-    if run.state == "failed":
-        raise run.error
-    return run
+
+    def begin():
+        ranks = Ranks(world, payload) if start is None else start(payload)
+        return functools.partial(_supervise, run, ranks)
+    return begin
 
 
 def _prepare_here(run: Run, model, train_data, state, world: int) -> None:
@@ -111,8 +109,8 @@ def _prepare_here(run: Run, model, train_data, state, world: int) -> None:
     an optimizer over the notebook's model for the state that comes back), without
     moving the model or touching a GPU: the ranks resolve the rest and report it."""
     cfg = run.config
-    per_rank = _per_rank_batches(train_data, cfg, world)
-    run.total_steps = loop.count_steps(cfg, per_rank)
+    _refuse_fewer_samples_than_processes(train_data, cfg, world)
+    total_steps = count_steps(cfg, batches_per_epoch(cfg, train_data, world))
     device = next(model.parameters(), torch.empty(0)).device
     run.resolved["optimizer_impl"] = resolve_impl(cfg, device)
     run.resolved["global_batch_size"] = (
@@ -121,26 +119,19 @@ def _prepare_here(run: Run, model, train_data, state, world: int) -> None:
            f"grad_accum_steps={cfg.grad_accum_steps}" if cfg.grad_accum_steps > 1 else ""))
     if run.config.cluster is None:
         run.resolved["start_method"] = (START_METHOD, START_WHY)
-    run.model = model
-    run.optimizer = build_optimizer(model, cfg, run.resolved["optimizer_impl"][0])
-    run.schedule = Schedule(cfg, run.total_steps)
-    run.scaler = KeptScalerState()
+    run.equip(model=model, total_steps=total_steps,
+              optimizer=build_optimizer(model, cfg, run.resolved["optimizer_impl"][0]),
+              schedule=Schedule(cfg, total_steps), scaler=KeptScalerState())
     if state is not None:
         ckpt.restore(run, state)
 
 
-def _per_rank_batches(train_data, cfg: TrainConfig, world: int):
-    """Batches of one rank's epoch (None when the data has no length: max_steps decides)."""
-    tensors = as_tensors(train_data)
-    n = len(tensors[0]) if tensors is not None else (
-        len(train_data) if hasattr(train_data, "__len__") else None)
-    if n is None:   # an IterableDataset: count_steps asks for max_steps
-        return None
-    if n < world:
+def _refuse_fewer_samples_than_processes(train_data, cfg: TrainConfig, world: int) -> None:
+    n = samples_in(train_data)   # None: an IterableDataset, count_steps asks for max_steps
+    if n is not None and n < world:
         raise ConfigError(f"TrainConfig.processes={cfg.processes} is more than train_data's "
                           f"{n} sample(s): each process needs at least one. Lower processes.",
                           field="processes")
-    return batch_count(n // world, cfg.batch_size, cfg.drop_last)
 
 
 class Requests:
@@ -170,7 +161,7 @@ class Ranks:
         self.world = world
         self.queue = ctx.Queue()
         self.requests = Requests(ctx)
-        blob = _pack(payload)
+        blob = pack(payload)
         port = _free_port()
         self.procs = [ctx.Process(target=_rank_main, name=f"nbtrain-rank{rank}",
                                   args=(rank, world, port, blob, self.queue, self.requests))
@@ -227,7 +218,7 @@ def _main_module_not_rerun():
             setattr(main, name, value)
 
 
-def _pack(payload: dict) -> bytes:
+def pack(payload: dict) -> bytes:
     """cloudpickle sends classes defined in a notebook cell by value; torch.save's format
     puts every tensor on the CPU when it is read back (map_location), whatever its device."""
     import cloudpickle
@@ -236,7 +227,7 @@ def _pack(payload: dict) -> bytes:
     return buffer.getvalue()
 
 
-def _unpack(blob: bytes):
+def unpack(blob: bytes):
     return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False)
 
 
@@ -251,9 +242,9 @@ def _supervise(run: Run, ranks: Ranks) -> None:
     relay Stop; leave no process behind; then finish the Run as the loop would."""
     start, heard = time.perf_counter(), time.monotonic()
     merger, ends, failure = RecordMerger(ranks.world), {}, None
-    position = (run.step, run.epoch, run.batch_in_epoch)   # _follow moves it while they train
+    position = run.position   # _follow moves the Run while they train
     relay = _Relay(run, ranks.requests)
-    run.state = "running"
+    run.start()
     try:
         while len(ends) < ranks.world and failure is None:
             relay()
@@ -279,8 +270,7 @@ def _supervise(run: Run, ranks: Ranks) -> None:
                           "interrupted": True})
     finally:
         ranks.end(patience_s=30 if failure is None else 0)
-        run.wall_s += time.perf_counter() - start
-    _finish(run, ends, failure, position)
+    _finish(run, ends, failure, position, elapsed_s=time.perf_counter() - start)
 
 
 class _Relay:
@@ -311,7 +301,7 @@ def _follow(run: Run, record: dict) -> None:
     """The notebook's Run at the ranks' position while they train (the status line, the
     runs table and the ETA read it); _finish sets the final one from rank 0's state."""
     if record["kind"] == "train":
-        run.step, run.epoch = record["step"], record.get("epoch", run.epoch)
+        run.move_to(record["step"], record.get("epoch"))
 
 
 # What a rank raises when another rank is gone: the other rank's failure is the news.
@@ -355,43 +345,45 @@ def _take_ready(run: Run, body: dict) -> None:
     """Rank 0's resolved settings (device, amp, data path...) join the notebook's."""
     for name, choice in body["resolved"].items():
         run.resolved.setdefault(name, choice)
-    run.total_steps = body["total_steps"]
+    run.equip(total_steps=body["total_steps"])
 
 
-def _finish(run: Run, ends: dict, failure, position: tuple) -> None:
+def _finish(run: Run, ends: dict, failure, position: tuple, elapsed_s: float) -> None:
     """End the notebook's Run as the loop ends its own: rank 0's weights, optimizer state,
     position and RNG in the Run; the error of a failed rank, naming it. Without rank 0's
     state the Run keeps what it had before, its `position` too, so a resume repeats
     nothing and skips nothing."""
-    rng = None
+    rng, state, error, message = None, None, None, None
     split = len({e["step"] for e in ends.values()}) > 1   # the stop agreement failed
     if failure is not None or split:
-        run.step, run.epoch, run.batch_in_epoch = position
+        run.move_to(*position)
     if failure is not None:
         rank, body = failure
-        run.state = "interrupted" if body.get("interrupted") else "failed"
-        if run.state == "failed":
-            run.error = _failure_error(run, rank, body)
+        state = "interrupted" if body.get("interrupted") else "failed"
+        if state == "failed":
+            error = _failure_error(run, rank, body)
     elif split:
-        run.state = "failed"
-        run.error = TrainingError("the ranks ended at different steps ("
-                                  + ", ".join(f"rank {r}: {e['step']}" for r, e in
-                                              sorted(ends.items())) + "); the model was "
-                                  "left as it was before this run", run)
+        state = "failed"
+        error = TrainingError("the ranks ended at different steps ("
+                              + ", ".join(f"rank {r}: {e['step']}" for r, e in
+                                          sorted(ends.items())) + "); the model was "
+                              "left as it was before this run", run)
     else:
         first = ends[0]
-        rng = _load_state(run, _unpack(first["blob"]))
-        run.message = next((e["message"] for e in ends.values() if e["message"]), "")
+        rng = _load_state(run, unpack(first["blob"]))
+        message = next((e["message"] for e in ends.values() if e["message"]), "")
         if any(e["diverged"] for e in ends.values()):
-            run.diverge(run.message)
-        run.state = "interrupted" if run.interrupted else first["state"]
-    run.finish(read_rng=lambda: rng if rng is not None else ckpt.rng_state())
+            run.diverge(message)
+        state = "interrupted" if run.interrupted else first["state"]
+    run.finish(state, read_rng=lambda: rng if rng is not None else ckpt.rng_state(),
+               elapsed_s=elapsed_s, error=error, message=message)
 
 
 def _failure_error(run: Run, rank, body: dict) -> BaseException:
-    if body.get("before_start") and body.get("exception") is not None:
+    lost_peer = any(word in body["text"] for word in _PEER_LOST)   # the news is the other rank
+    if body.get("before_start") and body.get("exception") is not None and not lost_peer:
         try:   # a bad setting found while preparing: the error one process would raise
-            return _unpack(body["exception"])
+            return unpack(body["exception"])
         except Exception:
             pass
     where = f"rank {rank} of {run.resolved['processes'][0]}: " if rank is not None else ""
@@ -419,8 +411,7 @@ def _load_state(run: Run, state: dict) -> dict:
     run.optimizer.load_state_dict(state["optimizer"])
     run.schedule.load_state_dict(state["schedule"])
     run.scaler.load_state_dict(state["scaler"])
-    run.step, run.epoch, run.batch_in_epoch = (state["position"][k] for k in
-                                               ("step", "epoch", "batch_in_epoch"))
+    run.move_to(**{k: state["position"][k] for k in ("step", "epoch", "batch_in_epoch")})
     return state["rng"]
 
 
@@ -504,15 +495,15 @@ class SyncLast:
     gradients (validation, an error's shape probe) the plain model runs: no collective that
     the other ranks would not join."""
 
-    def __init__(self, ddp, forward, setup):
-        self.ddp, self.forward, self.setup = ddp, forward, setup
+    def __init__(self, ddp, forward, position):
+        self.ddp, self.forward, self.position = ddp, forward, position
         self.window, self.seen = None, 0
 
     def __call__(self, *args, **kwargs):
         if not torch.is_grad_enabled():
             return self.ddp.module(*args, **kwargs)
-        if self.setup.window is not self.window:
-            self.window, self.seen = self.setup.window, 0
+        if self.position.window is not self.window:
+            self.window, self.seen = self.position.window, 0
         self.seen += 1
         if self.seen < len(self.window):
             with self.ddp.no_sync():
@@ -547,7 +538,7 @@ def run_rank(rank: int, world: int, blob: bytes, messages, requests, join, leave
     reported, if any (ray_cluster.py re-raises it so Ray ends the other workers)."""
     started = False
     try:
-        payload = _unpack(blob)
+        payload = unpack(blob)
         cfg: TrainConfig = payload["config"]
         share = _share_cores(cfg, world)
         device, _ = resolve_device(cfg.device)
@@ -558,7 +549,7 @@ def run_rank(rank: int, world: int, blob: bytes, messages, requests, join, leave
         messages.put(("ready", rank, {"resolved": dict(run.resolved),
                                       "total_steps": run.total_steps}))
         started = True
-        loop._train_safely(run, setup)
+        train_safely(run, setup)
         failed = run.error if run.state == "failed" else None
         messages.put(("failed", rank, {"text": str(run.error)}) if failed is not None
                      else ("end", rank, _end_report(run)))
@@ -584,12 +575,11 @@ def _share_cores(cfg: TrainConfig, world: int) -> int:
 def _prepare_rank(run: RankRun, payload: dict, backend: str, share: int):
     cfg, state = run.config, payload["state"]
     model = payload["model"]
-    setup = loop._prepare(run, model, payload["train_data"], payload["loss_fn"],
-                          payload["val_data"])
-    source = getattr(setup.batches, "source", setup.batches)   # under a CudaPrefetcher
-    _plan(source).shard(run.rank, run.world)
-    run.total_steps = loop.count_steps(cfg, setup.batches)
-    run.schedule = Schedule(cfg, run.total_steps)
+    def shard(batches):   # this rank's share of every epoch, before a probe reads a sample
+        _plan(source_of(batches)).shard(run.rank, run.world)
+        return batches
+    setup = prepare_setup(run, model, payload["train_data"], payload["loss_fn"],
+                          payload["val_data"], state, shard)   # a resume keeps its timed choices
     run.resolved["backend"] = (backend, "CUDA: one GPU per process" if backend == "nccl"
                                else f"CPU: {share} intra-op thread(s) per process")
     if cfg.num_threads == "auto" and setup.device.type == "cpu":
@@ -598,13 +588,13 @@ def _prepare_rank(run: RankRun, payload: dict, backend: str, share: int):
     _shard_validation(run, setup)
     ddp = DistributedDataParallel(model, device_ids=[setup.device.index]
                                   if setup.device.type == "cuda" else None)
-    setup.forward = SyncLast(ddp, torch.compile(ddp) if cfg.compile else ddp, setup)
+    setup.forward = SyncLast(ddp, torch.compile(ddp) if cfg.compile else ddp, setup.position)
     if state is not None:
         ckpt.restore(run, state)
     else:
         torch.manual_seed(cfg.seed)   # the same on every rank: resumes restore rank 0's RNG
     if payload["schedule"] is not None:
-        run.schedule = payload["schedule"](run.schedule)
+        run.equip(schedule=payload["schedule"](run.schedule))
     return setup
 
 
@@ -642,13 +632,13 @@ def _end_report(run: RankRun) -> dict:
               "step": run.step, "blob": None}
     if run.rank == 0:
         buffer = io.BytesIO()
-        torch.save(run.checkpoint(), buffer)
+        torch.save(run.state_dict(), buffer)
         report["blob"] = buffer.getvalue()
     return report
 
 
 def _packed_error(exc: BaseException) -> Optional[bytes]:
     try:
-        return _pack(exc)
+        return pack(exc)
     except Exception:
         return None

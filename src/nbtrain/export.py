@@ -60,7 +60,7 @@ def _table(rows: List[tuple], head: tuple) -> str:
 
 
 def _write(path, title: str, sections: List[str]) -> str:
-    from . import __version__
+    from .version import __version__
     made = datetime.datetime.now().isoformat(timespec="seconds")
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
             f"</title><style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>"

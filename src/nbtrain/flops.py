@@ -39,7 +39,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from .data.nested import structure
-from .devices import autocast_context, intra_op_threads, load_change_that_counts
+from .devices import autocast_context, cpuinfo, intra_op_threads, load_change_that_counts
 from .files import atomic_write, cache_dir
 from .losses import outputs_and_loss
 from .memory import leaves_no_trace
@@ -51,7 +51,7 @@ COUNTED = "matmuls, convolutions and SDPA attention, forward and backward"
 _COUNTS: dict = {}   # (architecture, batch shapes, precision) -> FLOPs of one forward+backward
 
 
-def count_flops(model: torch.nn.Module, loss_fn, batch, amp: str, device: torch.device) -> int:
+def flops_per_batch(model: torch.nn.Module, loss_fn, batch, amp: str, device: torch.device) -> int:
     """FLOPs of one forward and backward of `model` on `batch` (see the module's note)."""
     key = (architecture(model), structure(batch, _shape), getattr(loss_fn, "__qualname__",
                                                                    repr(loss_fn)), amp)
@@ -240,12 +240,7 @@ def machine_name(device: torch.device) -> str:
 
 @functools.lru_cache(maxsize=None)
 def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = next((line for line in f if line.startswith("model name")), "")
-        return line.split(":", 1)[1].strip() if line else platform.processor()
-    except OSError:   # macOS, Windows
-        return platform.processor() or platform.machine()
+    return cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 # -- what the loop asks for ------------------------------------------------------------------
@@ -256,7 +251,7 @@ def resolve(model, loss_fn, load_batch, amp: str, device: torch.device, accum: i
     properly (with its culprit) at the first step. `load_batch()`: the first batch, moved."""
     resolved = {}
     try:
-        flops = count_flops(model, loss_fn, load_batch(), amp, device) * accum
+        flops = flops_per_batch(model, loss_fn, load_batch(), amp, device) * accum
         resolved["flops_per_step"] = (flops, f"{flops / 1e9:.4g} GFLOP: {COUNTED}, counted on "
                                              f"one batch x {accum} (FlopCounterMode)")
     except Exception as exc:

@@ -16,7 +16,7 @@ from typing import Callable, List, Optional, Tuple
 
 from .config import as_config
 from .display import display_with_figure
-from .loop import fit
+from .entry import fit
 from .models import fresh_model
 from .run import Run
 from .schedule import Schedule

@@ -394,7 +394,7 @@ def _lookup(ns: dict, name: str, flag: str, what: str, candidates: list, source:
 def _train(ns: dict, args, config: TrainConfig, resume, inputs: dict):
     """Call nbtrain.fit and put the Run in the namespace, also when training fails."""
     import nbtrain   # at call time: the package imports this module to load the extension
-    from nbtrain.loop import ModelBusyError
+    from nbtrain.entry import ModelBusyError
     progress = _panel_progress() if args.panel else "auto"
     try:
         run = nbtrain.fit(inputs["model"], inputs["train_data"], inputs["loss_fn"],

@@ -44,7 +44,6 @@ def release(run) -> dict:
             p.grad = None
     if run.error is not None:
         _clear_frames(run.error)
-    run.released = True
     gc.collect()
     if cuda:
         torch.cuda.empty_cache()   # give cached blocks back so other processes/runs see them

@@ -157,18 +157,9 @@ def planned_total_steps(config: TrainConfig, train_data) -> Optional[int]:
 
     The engine's own count, from the data's length, without building (or moving) the data.
     """
-    from torch.utils.data import DataLoader
-    from .data.batches import batch_count
-    from .loop import count_steps
-    if config.max_steps is not None:
-        return config.max_steps
+    from .prepare import batches_per_epoch, count_steps
     try:
-        if isinstance(train_data, DataLoader):
-            batches = len(train_data)
-        else:
-            n = len(train_data[0]) if isinstance(train_data, (tuple, list)) else len(train_data)
-            batches = batch_count(n, config.batch_size, config.drop_last)
-        return count_steps(config, batches)
+        return count_steps(config, batches_per_epoch(config, train_data))
     except (TypeError, ConfigError):   # an IterableDataset: no length until it runs; no batch
         return None
 
@@ -399,7 +390,7 @@ class Panel:
 
     # -- inside: runs -------------------------------------------------------------------------
     def _start(self, **kwargs):
-        from .loop import fit
+        from .entry import fit
         try:
             run = fit(self.model, self.train_data, self.loss_fn, val_data=self.val_data,
                       background=True, progress=False, **kwargs)

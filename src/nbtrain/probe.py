@@ -53,12 +53,13 @@ _MEASURED: Dict[tuple, Measured] = {}   # (model, dataset, machine, settings) ->
 
 def settle_workers_and_threads(run, setup, model, key) -> None:
     """Measure the candidate (workers, threads) pairs of a CPU run and record the fastest
-    in run.resolved; rebuild the loader when the worker count changed. `key()`: what the
-    step time depends on (the model's architecture and the batch shapes)."""
+    in run.resolved; returns the batches to train on: the loader rebuilt when the worker
+    count changed. `key()`: what the step time depends on (the model's architecture and
+    the batch shapes)."""
     cfg, batches = run.config, setup.batches
     pairs = candidates(cfg, setup.device, batches)
     if len(pairs) < 2:
-        return   # nothing to choose: the rules' values stand
+        return batches   # nothing to choose: the rules' values stand
     key = (key(), _dataset_key(batches), tuple(pairs), setup.amp, cfg.prefetch_factor,
            cfg.multiprocessing_context, available_cores())
     try:
@@ -68,15 +69,15 @@ def settle_workers_and_threads(run, setup, model, key) -> None:
         name = "num_workers" if isinstance(batches, LoaderBatches) else "num_threads"
         value, why = run.resolved[name]
         run.resolved[name] = (value, f"{why} (could not measure: {exc or type(exc).__name__})")
-        return
+        return batches
     batches_per_start = _batches_per_worker_start(run, batches)
     (workers, threads), reasons = choose(found, pairs, batches_per_start, cached)
     if isinstance(batches, LoaderBatches):
         run.resolved["num_workers"] = (workers, reasons["num_workers"])
         if workers != batches.loader.num_workers:
-            setup.batches = loader_batches(batches.dataset, cfg, workers,
-                                           run.resolved["pin_memory"][0])
+            batches = loader_batches(batches.dataset, cfg, workers, run.resolved["pin_memory"][0])
     run.resolved["num_threads"] = (threads, reasons["num_threads"])
+    return batches
 
 
 def candidates(cfg, device: torch.device, batches) -> List[Pair]:

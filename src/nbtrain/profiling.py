@@ -20,7 +20,7 @@ import torch
 
 from .config import as_config
 from .display import display_with_figure
-from .loop import fit, without_validation
+from .entry import fit, without_validation
 from .models import fresh_model
 from .tables import formatted, html_table, text_table
 

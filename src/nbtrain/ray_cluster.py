@@ -29,7 +29,6 @@ from .config import ConfigError
 from .run import Run
 
 INSTALL = 'pip install "nbtrain[ray]"'
-CHECKPOINT_FILE = "last.pt"   # nbtrain's checkpoint file inside a Ray checkpoint's folder
 
 
 def _ray():
@@ -83,9 +82,9 @@ def resolve_workers(run: Run, resources: dict, nodes: int) -> tuple:
     return workers[0], per[0]
 
 
-def fit(run: Run, model, train_data, loss_fn, val_data, state, *, background: bool,
-        progress, schedule, on_start) -> Run:
-    """loop.fit for cluster='ray': distributed.fit's notebook side with Ray's workers."""
+def prepare(run: Run, model, train_data, loss_fn, val_data, state, schedule):
+    """The engine for cluster='ray' (see entry._engine): distributed.prepare's notebook
+    side with Ray's workers as the ranks."""
     resources, nodes = connect(run)   # without Ray: a ConfigError saying how to install it
     world, gpus = resolve_workers(run, resources, nodes)
     if gpus and resources.get("GPU", 0) < world * gpus:
@@ -93,12 +92,10 @@ def fit(run: Run, model, train_data, loss_fn, val_data, state, *, background: bo
                           f"need {world * gpus:g} GPUs; the cluster has "
                           f"{resources.get('GPU', 0):g}. Lower processes or gpus_per_worker.",
                           field="processes")
-    return distributed.fit(run, model, train_data, loss_fn, val_data, state,
-                           background=background, progress=progress, schedule=schedule,
-                           on_start=on_start, start=lambda payload: Workers(run, world, gpus, payload))
+    return distributed.prepare(run, model, train_data, loss_fn, val_data, state, schedule,
+                               start=lambda payload: Workers(run, world, gpus, payload))
 
 
-# -- the notebook's side ------------------------------------------------------------------------
 class _Requests:
     """The notebook's Stop and set_lr as the workers see them (distributed.Requests's
     interface): an actor they ask once per interval."""
@@ -173,7 +170,7 @@ class Workers:
                                         else "a temporary folder (set checkpoint_dir)")
         self.trainer = TorchTrainer(
             _worker_main,
-            train_loop_config={"blob": distributed._pack(payload),
+            train_loop_config={"blob": distributed.pack(payload),
                                "queue": self.queue.ray_queue, "requests": self.requests.actor},
             scaling_config=ScalingConfig(num_workers=world, use_gpu=bool(gpus),
                                          resources_per_worker={"GPU": gpus} if gpus else None),
@@ -261,33 +258,7 @@ class RayRankRun(distributed.RankRun):
         with tempfile.TemporaryDirectory() as folder:
             checkpoint = None
             if self.rank == 0:
-                ckpt.save(self.checkpoint(), os.path.join(folder, CHECKPOINT_FILE))
+                ckpt.save(self.state_dict(), os.path.join(folder, ckpt.CHECKPOINT_FILE))
                 checkpoint = ray.train.Checkpoint.from_directory(folder)
             ray.train.report({"step": self.step, "epoch": self.epoch}, checkpoint=checkpoint)
         return str(path)
-
-
-def checkpoint_path(resume) -> Optional[str]:
-    """The nbtrain checkpoint file in a Ray Result, a Ray Checkpoint (on any storage Ray
-    reads: it is copied here), a checkpoint folder, or a run's storage folder (its last
-    checkpoint); None when `resume` is none of those."""
-    if type(resume).__name__ == "Result" and hasattr(resume, "checkpoint"):   # ray.train
-        if resume.checkpoint is None:
-            raise ValueError("this Ray run saved no checkpoint: set checkpoint_dir (Ray's "
-                             "storage_path) to save one")
-        resume = resume.checkpoint
-    if hasattr(resume, "to_directory"):   # a ray.train.Checkpoint
-        folder = resume.to_directory()
-    elif isinstance(resume, (str, os.PathLike)) and os.path.isdir(resume):
-        folder = os.fspath(resume)
-    else:
-        return None
-    if not os.path.isfile(os.path.join(folder, CHECKPOINT_FILE)):
-        saved = sorted(name for name in os.listdir(folder) if name.startswith("checkpoint_")
-                       and os.path.isfile(os.path.join(folder, name, CHECKPOINT_FILE)))
-        if not saved:
-            raise FileNotFoundError(f"no nbtrain checkpoint in {folder} (expected "
-                                    f"{CHECKPOINT_FILE}, or checkpoint_*/{CHECKPOINT_FILE} "
-                                    "folders of a cluster='ray' run)")
-        folder = os.path.join(folder, saved[-1])
-    return os.path.join(folder, CHECKPOINT_FILE)

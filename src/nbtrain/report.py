@@ -35,7 +35,7 @@ def summarize(run) -> dict:
         out.update(rate_fields({"steps": sum(r["steps"] for r in train), "interval_s": busy},
                                run.resolved))
     if train and "copy_s" in train[-1]:
-        from .telemetry import diagnose
+        from .diagnosis import diagnose
         out["diagnosis"] = diagnose(out, run.resolved)
     if any("cuda_peak_allocated_mb" in r for r in train):
         out["peak_cuda_mb"] = max(r.get("cuda_peak_allocated_mb", 0.0) for r in train)

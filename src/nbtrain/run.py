@@ -1,4 +1,7 @@
-"""Run: the state and history of one training run, shared by the loop and its viewers."""
+"""Run: the state and history of one training run, shared by the engines and its viewers.
+
+The engines move it through its methods (equip, start, enter, advance, move_to, finish);
+viewers subscribe to its records."""
 from __future__ import annotations
 
 import threading
@@ -37,8 +40,8 @@ class Run:
         self.step = 0                       # optimizer steps done
         self.epoch = 0
         self.batch_in_epoch = 0             # batches of `epoch` already consumed
-        self.stage = "load"                 # where the loop is, for errors: "load", "step",
-                                            # "update", "validate" or "checkpoint"
+        self.phase = "load"                 # where the loop is, for errors and Ctrl-C: "load",
+                                            # "step", "update", "validate" or "checkpoint"
         self.total_steps: Optional[int] = None
         self.wall_s = 0.0
         self._stop = threading.Event()
@@ -85,15 +88,53 @@ class Run:
     def records(self, kind: str = "train") -> List[dict]:
         return [r for r in self.history if r["kind"] == kind]
 
-    # -- used by the loop (fit): the whole contract between the loop and its Run ----------
-    # The loop also writes the public fields: state, message, error, step, epoch,
-    # batch_in_epoch, stage, total_steps, wall_s, model, optimizer, schedule, scaler.
-    def start(self, thread: threading.Thread) -> None:
-        """Train in `thread` (a background fit): "running" before it starts, so that a
-        caller polling right after fit returns sees it."""
+    # -- how the engines move the Run: every change of its state goes through these ------
+    PARTS = ("model", "optimizer", "schedule", "scaler", "total_steps")
+
+    def equip(self, **parts) -> None:
+        """Set what the run trains with (`PARTS`), before step 1; a tool may swap the
+        schedule (lr_find's sweep)."""
+        unknown = set(parts) - set(self.PARTS)
+        if unknown:
+            raise TypeError(f"Run.equip() takes {', '.join(self.PARTS)}; got {sorted(unknown)}")
+        for name, value in parts.items():
+            setattr(self, name, value)
+
+    def start(self, thread: Optional[threading.Thread] = None) -> None:
+        """Mark the run "running"; with `thread` (a background fit) start it too: "running"
+        before it starts, so that a caller polling right after fit returns sees it."""
         self.state = "running"
-        self._thread = thread
-        thread.start()
+        if thread is not None:
+            self._thread = thread
+            thread.start()
+
+    def enter(self, phase: str) -> None:
+        """Where the loop is now: "load", "step", "update", "validate" or "checkpoint"."""
+        self.phase = phase
+
+    def advance(self, batches: int) -> None:
+        """One optimizer step done, on `batches` micro-batches of the epoch."""
+        self.step += 1
+        self.batch_in_epoch += batches
+
+    def next_epoch(self) -> None:
+        self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+
+    @property
+    def position(self) -> Tuple[int, int, int]:
+        """(step, epoch, batch_in_epoch): where a resume continues."""
+        return self.step, self.epoch, self.batch_in_epoch
+
+    def move_to(self, step: Optional[int] = None, epoch: Optional[int] = None,
+                batch_in_epoch: Optional[int] = None) -> None:
+        """Put the run at a position (a resume, the ranks' progress); None keeps a part."""
+        self.step = self.step if step is None else step
+        self.epoch = self.epoch if epoch is None else epoch
+        self.batch_in_epoch = self.batch_in_epoch if batch_in_epoch is None else batch_in_epoch
+
+    def replace_history(self, records: List[dict]) -> None:
+        """A resumed run's history, continued by this one."""
+        self.history = list(records)
 
     @property
     def stop_requested(self) -> bool:
@@ -126,7 +167,6 @@ class Run:
         if keep:
             self.history.append(record)
             if len(self.history) > self.config.history_limit:
-                from .telemetry import compact
                 self.history = compact(self.history)
         for fn in list(self._subscribers):
             try:
@@ -135,10 +175,17 @@ class Run:
                 self.unsubscribe(fn)
                 warnings.warn(f"nbtrain: subscriber {fn!r} raised {exc!r}; it was removed.")
 
-    def finish(self, read_rng: Callable[[], dict]) -> None:
-        """The loop's last call, however training ended: keep the RNG as training left it
-        (`read_rng()`), send the "end" record (not kept in history), release wait().
-        wait() returns even if reading the RNG fails (a broken CUDA context)."""
+    def finish(self, state: Optional[str], read_rng: Callable[[], dict], elapsed_s: float = 0.0,
+               error: Optional[BaseException] = None, message: Optional[str] = None) -> None:
+        """The engine's last call, however training ended: the final `state` (None keeps
+        the current one), its error or message, the time it trained; keep the RNG as
+        training left it (`read_rng()`), send the "end" record (not kept in history),
+        release wait(). wait() returns even if reading the RNG fails (a broken CUDA
+        context)."""
+        self.state = state or self.state
+        self.error = error if error is not None else self.error
+        self.message = message if message is not None else self.message
+        self.wall_s += elapsed_s
         try:
             self._rng_at_end = read_rng()
             self.emit({"kind": "end", "state": self.state, "step": self.step,
@@ -162,15 +209,24 @@ class Run:
         from .report import summary_table
         return summary_table(self)
 
-    def checkpoint(self) -> dict:
-        """Everything needed to resume exactly: see `nbtrain.checkpoint`."""
+    def state_dict(self) -> dict:
+        """Everything needed to resume exactly (model, optimizer, schedule, position, RNG,
+        history): see `nbtrain.checkpoint`. `run.save(path)` writes it to a file."""
         from .checkpoint import state_of
         return state_of(self)
+
+    def checkpoint(self) -> dict:
+        """The old name of `state_dict()`: it returns the state and writes nothing."""
+        warnings.warn("Run.checkpoint() is now Run.state_dict() (it writes nothing; "
+                      "run.save(path) writes a checkpoint file)", DeprecationWarning, stacklevel=2)
+        return self.state_dict()
 
     def release(self) -> dict:
         """Free optimizer state and gradients, run the GC, empty the CUDA cache; report MB freed."""
         from .memory import release
-        return release(self)
+        freed = release(self)
+        self.released = True
+        return freed
 
     # -- export ---------------------------------------------------------------------------
     def to_json(self, path) -> str:
@@ -199,7 +255,7 @@ class Run:
 
     def save(self, path) -> str:
         from .checkpoint import save
-        return save(self.checkpoint(), path)
+        return save(self.state_dict(), path)
 
     def report(self, path) -> str:
         """One self-contained HTML file: charts, summary, settings and why (nbtrain.export)."""
@@ -212,3 +268,53 @@ class Run:
         loss = last[0].get("loss")
         loss_text = f", loss {loss:.4g}" if isinstance(loss, float) else ""
         return f"<nbtrain.Run {self.state}: step {self.step}/{total}{loss_text}>"
+
+
+# -- bounded history ------------------------------------------------------------------------
+_SUMMED = ("samples", "steps", "interval_s", "skipped_steps")
+_PER_STEP = ("loss", "data_wait_s", "copy_s", "compute_s")
+_PER_SECOND = ("data_wait_frac", "copy_frac", "compute_frac", "tflops", "mfu")
+_PEAKS = ("peak_rss_mb", "cuda_peak_allocated_mb")
+
+
+def merge(a: dict, b: dict) -> dict:
+    """One train record covering the intervals of `a` then `b`."""
+    out = dict(b)
+    steps, seconds = a["steps"] + b["steps"], a["interval_s"] + b["interval_s"]
+    for key in _SUMMED:
+        if key in a or key in b:
+            out[key] = a.get(key, 0) + b.get(key, 0)
+    for key in _PER_STEP:
+        if key in a and key in b:
+            out[key] = (a[key] * a["steps"] + b[key] * b["steps"]) / steps
+    for key in _PER_SECOND:
+        if key in a and key in b:
+            out[key] = (a[key] * a["interval_s"] + b[key] * b["interval_s"]) / seconds
+    for key in _PEAKS:
+        if key in a and key in b:
+            out[key] = max(a[key], b[key])
+    out.update(samples_per_s=out["samples"] / seconds, steps_per_s=steps / seconds,
+               step_time_s=seconds / steps)
+    return out
+
+
+def compact(history: list) -> list:
+    """Halve the older half of the history: neighbouring train records are merged in
+    pairs, and of each two validation records the later is kept. The history stays
+    bounded however long the run and whatever the mix of records (validation every epoch
+    included), and recent intervals keep full resolution."""
+    half = len(history) // 2
+    older, newer = history[:half], history[half:]
+    kept, waiting = [], {}   # (position, record); kind -> the first of a pair
+    for position, record in enumerate(older):
+        kind = record["kind"]
+        if kind not in ("train", "val"):
+            kept.append((position, record))
+        elif kind in waiting:
+            first = waiting.pop(kind)[1]
+            kept.append((position, merge(first, record) if kind == "train" else record))
+        else:
+            waiting[kind] = (position, record)
+    kept.extend(waiting.values())
+    kept.sort(key=lambda pair: pair[0])
+    return [record for _, record in kept] + newer

@@ -1,4 +1,5 @@
-"""Interval statistics of the loop, gathered without a host sync per step."""
+"""What the loop measures, without a host sync per step: timers, the Interval of `log_every`
+steps, memory (process RSS, the CUDA allocator, NVML)."""
 from __future__ import annotations
 
 import bisect
@@ -11,8 +12,6 @@ from typing import Optional
 
 import torch
 
-from .devices import available_cores, cpu_bf16_feature, gpu_has_bf16
-from .flops import percent
 
 
 class HostTimer:
@@ -337,134 +336,3 @@ def nvml_fields(device: torch.device) -> dict:
     except Exception:   # some boards do not report power or utilisation
         pass
     return fields
-
-
-# -- diagnosis ------------------------------------------------------------------------------
-INPUT_BOUND = 0.25     # a quarter of the step waiting for data is worth fixing first
-# MFU bands (see flops.py). Large dense models reach 40-60% on GPUs (PaLM: 46%; nanoGPT's
-# GPT-2 on A100s about 50%); a step far below that spends its time launching small kernels
-# and in elementwise ops, which more work per kernel (batch) or fusion (compile) fixes.
-LAUNCH_BOUND_MFU = 0.2
-NEAR_PEAK_MFU = 0.5
-
-
-def diagnose(fractions: dict, resolved: dict) -> str:
-    """Name the bottleneck from the time split and suggest the toggle that targets it."""
-    wait = fractions.get("data_wait_frac", 0.0)
-    copy = fractions.get("copy_frac", 0.0)
-    if wait >= INPUT_BOUND:
-        return f"input-bound: {wait:.0%} of each step waited for data - try " + \
-            _input_fixes(resolved)
-    if copy >= INPUT_BOUND:
-        return (f"copy-bound: {copy:.0%} of each step copied batches to the device - try "
-                "data_on_device=True or pin_memory=True")
-    compute = fractions.get("compute_frac", 1.0 - wait - copy)
-    mfu = fractions.get("mfu")
-    if mfu is not None:
-        return _mfu_diagnosis(mfu, resolved)
-    return f"compute-bound: {compute:.0%} of each step in forward/backward/update - try " + \
-        _compute_fixes(resolved)
-
-
-def _mfu_diagnosis(mfu: float, resolved: dict) -> str:
-    if mfu < LAUNCH_BOUND_MFU:
-        return (f"compute-bound at {percent(mfu)} MFU: the step is launch-bound (too little work "
-                "per kernel) - try a larger batch_size or compile=True")
-    if mfu >= NEAR_PEAK_MFU:
-        return f"compute-bound at {percent(mfu)} MFU: near the hardware" + _near_peak_tip(resolved)
-    return f"compute-bound at {percent(mfu)} MFU - try " + _compute_fixes(resolved)
-
-
-def _near_peak_tip(resolved: dict) -> str:
-    amp = _amp_to_try(resolved)
-    if amp:   # the peak itself is higher at half precision
-        return f" for fp32 - amp={amp} raises the ceiling"
-    return " - only less work (a smaller model, fewer steps) makes it faster"
-
-
-def _value(resolved: dict, name: str, default=None):
-    return resolved.get(name, (default, ""))[0]
-
-
-def _input_fixes(resolved: dict) -> str:
-    tips = []
-    workers = _value(resolved, "num_workers", 0)
-    if _value(resolved, "batched_fetch") is False and workers == 0:
-        tips.append("batched_fetch=True")
-    if workers is not None and _value(resolved, "batched_fetch") is False:
-        tips.append(f"num_workers={min(max(workers * 2, 2), available_cores())}")
-    if not _value(resolved, "data_on_device", True):
-        tips.append("data_on_device=True")
-    tips.append("prefetch_factor=4 / persistent_workers=True" if workers else
-                "a packed format (nt.data.pack_lmdb)")
-    return " or ".join(tips)
-
-
-def _compute_fixes(resolved: dict) -> str:
-    amp = _amp_to_try(resolved)
-    tips = [f"amp={amp}"] if amp else []
-    tips += ["channels_last=True (conv nets)", "compile=True", "a larger batch_size"]
-    return " / ".join(tips)
-
-
-def _amp_to_try(resolved: dict) -> Optional[str]:
-    """The autocast this machine runs fast, for a run without one; None where "auto"
-    found none (a CPU without bf16 units, MPS) or measured bf16 slower on this model,
-    so the advice never contradicts the reason shown beside amp."""
-    amp, why = resolved.get("amp", (None, ""))
-    if amp != "off" or "measured" in why:
-        return None
-    device = torch.device(str(_value(resolved, "device", "cpu")))
-    if device.type == "cuda":
-        return "bf16" if gpu_has_bf16(device) else "fp16"
-    return "bf16" if device.type == "cpu" and cpu_bf16_feature() else None
-
-
-# -- bounded history ------------------------------------------------------------------------
-_SUMMED = ("samples", "steps", "interval_s", "skipped_steps")
-_PER_STEP = ("loss", "data_wait_s", "copy_s", "compute_s")
-_PER_SECOND = ("data_wait_frac", "copy_frac", "compute_frac", "tflops", "mfu")
-_PEAKS = ("peak_rss_mb", "cuda_peak_allocated_mb")
-
-
-def merge(a: dict, b: dict) -> dict:
-    """One train record covering the intervals of `a` then `b`."""
-    out = dict(b)
-    steps, seconds = a["steps"] + b["steps"], a["interval_s"] + b["interval_s"]
-    for key in _SUMMED:
-        if key in a or key in b:
-            out[key] = a.get(key, 0) + b.get(key, 0)
-    for key in _PER_STEP:
-        if key in a and key in b:
-            out[key] = (a[key] * a["steps"] + b[key] * b["steps"]) / steps
-    for key in _PER_SECOND:
-        if key in a and key in b:
-            out[key] = (a[key] * a["interval_s"] + b[key] * b["interval_s"]) / seconds
-    for key in _PEAKS:
-        if key in a and key in b:
-            out[key] = max(a[key], b[key])
-    out.update(samples_per_s=out["samples"] / seconds, steps_per_s=steps / seconds,
-               step_time_s=seconds / steps)
-    return out
-
-
-def compact(history: list) -> list:
-    """Halve the older half of the history: neighbouring train records are merged in
-    pairs, and of each two validation records the later is kept. The history stays
-    bounded however long the run and whatever the mix of records (validation every epoch
-    included), and recent intervals keep full resolution."""
-    half = len(history) // 2
-    older, newer = history[:half], history[half:]
-    kept, waiting = [], {}   # (position, record); kind -> the first of a pair
-    for position, record in enumerate(older):
-        kind = record["kind"]
-        if kind not in ("train", "val"):
-            kept.append((position, record))
-        elif kind in waiting:
-            first = waiting.pop(kind)[1]
-            kept.append((position, merge(first, record) if kind == "train" else record))
-        else:
-            waiting[kind] = (position, record)
-    kept.extend(waiting.values())
-    kept.sort(key=lambda pair: pair[0])
-    return [record for _, record in kept] + newer

@@ -9,11 +9,13 @@ from torch.utils.data import DataLoader, Dataset
 from ..config import ConfigError, TrainConfig
 from ..devices import available_cores
 from .batches import (ByValue, EpochBatchSampler, GivenLoader, LoaderBatches, TensorBatches,
-                      as_tensors, describe_bad_sample)
+                      as_tensors, describe_bad_sample, length_of, source_of)
+from .errors import CorruptRecordError
 from .nested import map_leaves
 
 __all__ = ["make_batches", "make_mover", "first_batch", "describe_bad_sample", "TensorBatches",
-           "pack_lmdb", "LMDBDataset", "pack_tfrecord", "TFRecordDataset", "prefetch_to_device"]
+           "pack_lmdb", "LMDBDataset", "pack_tfrecord", "TFRecordDataset", "CorruptRecordError",
+           "prefetch_to_device"]
 
 
 def __getattr__(name):   # lmdb and tfrecord are imported only by those who use them
@@ -202,7 +204,7 @@ def _resolve_workers(cfg: TrainConfig) -> Tuple[int, str]:
 
 def first_batch(source):
     """The first batch of epoch 0, loaded in this process (no workers started)."""
-    source = getattr(source, "source", source)   # under a CudaPrefetcher
+    source = source_of(source)   # under a CudaPrefetcher
     if isinstance(source, LoaderBatches):
         from torch.utils.data import default_collate
         indices = source.sample_indices(0, 0)

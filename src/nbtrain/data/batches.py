@@ -23,6 +23,19 @@ def epoch_order(n: int, shuffle: bool, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(n, generator=gen)
 
 
+def length_of(obj) -> Optional[int]:
+    """len(obj), or None for what has no length (an IterableDataset, a generator)."""
+    try:
+        return len(obj)
+    except TypeError:
+        return None
+
+
+def source_of(batches):
+    """The batch source a CudaPrefetcher wraps, or `batches` itself."""
+    return getattr(batches, "source", batches)
+
+
 def batch_count(n: int, batch_size: int, drop_last: bool) -> int:
     return n // batch_size if drop_last else math.ceil(n / batch_size)
 

@@ -1,0 +1,91 @@
+"""The diagnosis: the bottleneck named from a record's time split and MFU, and the toggle
+that targets it (read by the loop for each train record, and by the report)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .devices import available_cores, cpu_bf16_feature, gpu_has_bf16
+from .flops import percent
+
+INPUT_BOUND = 0.25     # a quarter of the step waiting for data is worth fixing first
+# MFU bands (see flops.py). Large dense models reach 40-60% on GPUs (PaLM: 46%; nanoGPT's
+# GPT-2 on A100s about 50%); a step far below that spends its time launching small kernels
+# and in elementwise ops, which more work per kernel (batch) or fusion (compile) fixes.
+LAUNCH_BOUND_MFU = 0.2
+NEAR_PEAK_MFU = 0.5
+
+
+def diagnose(fractions: dict, resolved: dict) -> str:
+    """Name the bottleneck from the time split and suggest the toggle that targets it."""
+    wait = fractions.get("data_wait_frac", 0.0)
+    copy = fractions.get("copy_frac", 0.0)
+    if wait >= INPUT_BOUND:
+        return f"input-bound: {wait:.0%} of each step waited for data - try " + \
+            _input_fixes(resolved)
+    if copy >= INPUT_BOUND:
+        return (f"copy-bound: {copy:.0%} of each step copied batches to the device - try "
+                "data_on_device=True or pin_memory=True")
+    compute = fractions.get("compute_frac", 1.0 - wait - copy)
+    mfu = fractions.get("mfu")
+    if mfu is not None:
+        return _mfu_diagnosis(mfu, resolved)
+    return f"compute-bound: {compute:.0%} of each step in forward/backward/update - try " + \
+        _compute_fixes(resolved)
+
+
+def _mfu_diagnosis(mfu: float, resolved: dict) -> str:
+    if mfu < LAUNCH_BOUND_MFU:
+        return (f"compute-bound at {percent(mfu)} MFU: the step is launch-bound (too little work "
+                "per kernel) - try a larger batch_size or compile=True")
+    if mfu >= NEAR_PEAK_MFU:
+        return f"compute-bound at {percent(mfu)} MFU: near the hardware" + _near_peak_tip(resolved)
+    return f"compute-bound at {percent(mfu)} MFU - try " + _compute_fixes(resolved)
+
+
+def _near_peak_tip(resolved: dict) -> str:
+    amp = _amp_to_try(resolved)
+    if amp:   # the peak itself is higher at half precision
+        return f" for fp32 - amp={amp} raises the ceiling"
+    return " - only less work (a smaller model, fewer steps) makes it faster"
+
+
+def _value(resolved: dict, name: str, default=None):
+    return resolved.get(name, (default, ""))[0]
+
+
+def _input_fixes(resolved: dict) -> str:
+    tips = []
+    workers = _value(resolved, "num_workers", 0)
+    if _value(resolved, "batched_fetch") is False and workers == 0:
+        tips.append("batched_fetch=True")
+    if workers is not None and _value(resolved, "batched_fetch") is False:
+        tips.append(f"num_workers={min(max(workers * 2, 2), available_cores())}")
+    if not _value(resolved, "data_on_device", True):
+        tips.append("data_on_device=True")
+    tips.append("prefetch_factor=4 / persistent_workers=True" if workers else
+                "a packed format (nt.data.pack_lmdb)")
+    return " or ".join(tips)
+
+
+def _compute_fixes(resolved: dict) -> str:
+    amp = _amp_to_try(resolved)
+    tips = [f"amp={amp}"] if amp else []
+    tips += ["channels_last=True (conv nets)", "compile=True", "a larger batch_size"]
+    return " / ".join(tips)
+
+
+def _amp_to_try(resolved: dict) -> Optional[str]:
+    """The autocast this machine runs fast, for a run without one; None where "auto"
+    found none (a CPU without bf16 units, MPS) or measured bf16 slower on this model,
+    so the advice never contradicts the reason shown beside amp."""
+    amp, why = resolved.get("amp", (None, ""))
+    if amp != "off" or "measured" in why:
+        return None
+    device = torch.device(str(_value(resolved, "device", "cpu")))
+    if device.type == "cuda":
+        return "bf16" if gpu_has_bf16(device) else "fp16"
+    return "bf16" if device.type == "cpu" and cpu_bf16_feature() else None
+
+

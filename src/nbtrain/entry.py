@@ -1,0 +1,199 @@
+"""fit(): the one way in. Resolve the config (a resume's included), refuse what cannot
+run, hand the run to one engine (this process, N processes, or Ray), then start it and
+wait: the same tail for every engine.
+
+    fit -> prepare (prepare.py: every "auto" resolved, every part built)
+        -> loop.train_safely (this process) | distributed's ranks | Ray Train's workers
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import signal
+import threading
+import weakref
+from typing import Callable, Optional
+
+import torch
+
+from . import checkpoint as ckpt
+from . import loop
+from .config import ConfigError, TrainConfig, as_config
+from .prepare import prepare
+from .run import Run
+from .schedule import Schedule
+
+
+def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, *,
+        config: Optional[TrainConfig] = None, val_data=None, resume=None,
+        background: bool = False, progress="auto",
+        schedule: Optional[Callable[[Schedule], Schedule]] = None,
+        on_start: Optional[Callable[[Run], None]] = None) -> Run:
+    """Train `model` on `train_data` with the settings of `config`; returns the Run.
+
+    >>> run = nt.fit(model, (x, y), torch.nn.functional.cross_entropy,
+    ...              config=nt.TrainConfig(epochs=3, amp="bf16", scheduler="cosine"))
+
+    `loss_fn=None`: the model returns the loss (or an output with `loss`). A mapping batch
+    is passed as keywords, `model(**batch)` (Hugging Face models), unless the forward
+    takes one positional argument named after none of its keys: then `model(batch)`.
+    `resume`: a Run or a checkpoint path; training continues where it stopped.
+    `background=True` returns at once and trains in a thread (`run.stop()`, `run.wait()`).
+    `progress`: True/"auto" for a progress bar, False for none, or a callable given the Run
+    before the first step (`progress=nt.Dashboard` shows the live charts).
+    `schedule`: a function given the Schedule built from `config`, returning the one to
+    use (`nt.lr_find` returns its exponential sweep).
+    `on_start`: a function given the Run before the first step, for code that steers the
+    run rather than shows it: it may subscribe and call `run.stop()` (lr_find stops once
+    the loss diverges, autotune once a trial has been timed).
+    """
+    state = ckpt.state_to_resume(resume)
+    cfg = _config_from(config, state, resume)
+    _refuse_plateau_without_validation(cfg, val_data)
+    refuse_busy(model)   # before anything touches the model
+    if cfg.release_previous:
+        release_previous_run()
+    run = Run(cfg)
+    _remember(run)
+    begin = _engine(run, model, train_data, loss_fn, val_data, state, schedule)
+    attach_hooks(run, schedule, on_start, progress)
+    _claim(model, run)
+    train = begin()
+    if background:
+        run.start(threading.Thread(target=train, name="nbtrain-fit", daemon=True))
+        return run
+    with ctrl_c_stops(run):
+        train()
+    if run.state == "failed":
+        raise run.error
+    return run
+
+
+def _engine(run: Run, model, train_data, loss_fn, val_data, state, schedule) -> Callable:
+    """Prepare the engine that trains `run`; returns `begin()`, called once the run is
+    claimed, which starts what must start (the ranks) and returns the function that trains."""
+    if run.config.cluster == "ray":   # ray_cluster.py runs this same loop in Ray Train's workers
+        from . import ray_cluster
+        return ray_cluster.prepare(run, model, train_data, loss_fn, val_data, state, schedule)
+    if run.config.processes != 1:   # data-parallel: distributed.py runs it in N processes
+        from . import distributed
+        if distributed.resolve_processes(run) > 1:
+            return distributed.prepare(run, model, train_data, loss_fn, val_data, state,
+                                       schedule)
+    setup = prepare(run, model, train_data, loss_fn, val_data, state)
+    if state is not None:
+        ckpt.restore(run, state)
+    else:
+        torch.manual_seed(run.config.seed)   # dropout and friends repeat; data order has its own RNG
+    return lambda: functools.partial(loop.train_safely, run, setup)
+
+
+def _config_from(config, state, resume=None) -> TrainConfig:
+    """The given config; without one, a resumed run's own, else the defaults."""
+    if config is None and isinstance(resume, Run):   # its own optimizer and scheduler too
+        return resume.config.replace()
+    if config is None and state:
+        return TrainConfig.from_dict(state["config"])
+    return as_config(config)
+
+
+def _refuse_plateau_without_validation(cfg: TrainConfig, val_data) -> None:
+    """plateau cuts the LR when the validation loss stalls: without val_data it never would."""
+    if cfg.scheduler == "plateau" and val_data is None:
+        raise ConfigError("TrainConfig.scheduler='plateau' cuts the LR when the validation loss "
+                          "stops improving, but no val_data was given: the LR would never "
+                          "change. Pass val_data=..., or pick another scheduler (e.g. 'cosine').",
+                          field="scheduler")
+
+
+def without_validation(cfg: TrainConfig) -> TrainConfig:
+    """`cfg` for a tool's run that validates nothing (a warm-up, a timed trial, a profile):
+    plateau, which acts on validation only, is the constant LR it is until then."""
+    return cfg.replace(scheduler="constant") if cfg.scheduler == "plateau" else cfg
+
+
+def attach_hooks(run: Run, schedule, on_start, progress) -> None:
+    """fit's hooks, before step 1: the schedule swap, then code that steers the run, then
+    the viewer (e.g. nt.Dashboard, which subscribes), or the progress bar."""
+    if schedule is not None:
+        run.equip(schedule=schedule(run.schedule))
+    if on_start is not None:
+        on_start(run)
+    if callable(progress):
+        progress(run)
+    elif progress:
+        from .progress import attach_progress   # the one UI import: lazy, and above the engines
+        attach_progress(run)
+
+
+# -- the last run, released by the next one (release_previous) -----------------------------------
+_last_run = {"ref": None}   # weak: a finished run is freed when the user drops it
+
+
+def _remember(run: Run) -> None:
+    _last_run["ref"] = weakref.ref(run)
+
+
+def release_previous_run() -> Optional[dict]:
+    """Release the last run of this process, if it is still alive and done."""
+    previous = _last_run["ref"]() if _last_run["ref"] else None
+    if previous is None or previous.running:
+        return None
+    return previous.release()
+
+
+# -- which Run trains each model -----------------------------------------------------------------
+# Two runs stepping two optimizers over the same parameters would race (torch raises deep
+# inside the optimizer, or the weights are silently wrong).
+# Weak both ways: a Run refers to its model, so a Run held here would live as long as it.
+_training: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.ref]" = weakref.WeakKeyDictionary()
+_training_lock = threading.Lock()
+
+
+class ModelBusyError(RuntimeError):
+    """The model is being trained by another Run of this process."""
+
+
+def refuse_busy(model) -> None:
+    held = _training.get(model) if isinstance(model, torch.nn.Module) else None
+    other = held() if held is not None else None
+    if other is not None and other.state in ("created", "running"):
+        raise ModelBusyError(
+            f"this model is already being trained by {other!r} (a background fit, a Panel "
+            "or %%fasttrain --background). Stop that run first (run.stop(); run.wait(), or "
+            "the panel's Stop), or train a copy of the model (copy.deepcopy(model)).")
+
+
+def _claim(model, run: Run) -> None:
+    """Mark `run` as the one training `model`; the check and the mark are one step, so two
+    fits starting at once cannot both pass."""
+    with _training_lock:
+        refuse_busy(model)
+        run.start()
+        _training[model] = weakref.ref(run)
+
+
+# -- Ctrl-C ----------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def ctrl_c_stops(run: Run):
+    """In the main thread, Ctrl-C (a kernel interrupt) ends the run at the step boundary.
+
+    A second Ctrl-C interrupts at once, for a step that never ends; during the update
+    (see loop._advance) it ends the run at the boundary right after it.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_sigint(signum, frame):
+        # the second press: the step in flight may never end; but an update always does,
+        # and cut off after it the weights would hold a step that the position does not
+        if run.interrupted and run.phase != "update":
+            raise KeyboardInterrupt
+        run.interrupt()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
