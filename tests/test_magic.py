@@ -111,7 +111,7 @@ def test_unload_leaves_another_fasttrain_alone(shell):
 ISSUE_OPTIONS = """--epochs --max-steps --batch-size --amp --pin --no-pin --workers --prefetch
     --persistent --no-persistent --on-device --optimizer --lr --wd --momentum --nesterov
     --betas --scheduler --warmup --min-lr --accum --clip --channels-last --compile
-    --log-every --seed --device --config --panel --background --out --resume --model
+    --log-every --seed --device --config --dashboard --background --out --resume --model
     --data --loss --val""".split()
 
 
@@ -314,22 +314,23 @@ def test_background_puts_the_run_in_the_namespace_at_once(ip, calls, capsys):
     assert "SUMMARY TABLE" not in out   # not finished yet: no summary
 
 
-def test_panel_falls_back_to_the_progress_bar(ip, calls, capsys, monkeypatch):
+def test_dashboard_falls_back_to_the_progress_bar(ip, calls, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "nbtrain.dashboard", None)   # import fails
-    ip.run_cell(f"%%fasttrain --panel\n{CELL}")
+    ip.run_cell(f"%%fasttrain --dashboard\n{CELL}")
     assert calls[0]["progress"] == "auto"
     out = capsys.readouterr().out
-    assert out.count("not available yet") == 1
+    assert out.count("needs plotly, anywidget and ipywidgets") == 1
     assert "SUMMARY TABLE" in out
 
 
-def test_panel_hands_the_dashboard_to_fit(ip, calls, capsys, monkeypatch):
+def test_dashboard_and_its_old_name_panel_hand_the_dashboard_to_fit(ip, calls, capsys, monkeypatch):
     module = types.ModuleType("nbtrain.dashboard")
     module.Dashboard = type("Dashboard", (), {})
     monkeypatch.setitem(sys.modules, "nbtrain.dashboard", module)
     ip.run_cell(f"%%fasttrain --panel\n{CELL}")
-    assert calls[0]["progress"] is module.Dashboard
-    assert "not available" not in capsys.readouterr().out
+    ip.run_cell(f"%%fasttrain --dashboard\n{CELL}")
+    assert calls[0]["progress"] is calls[1]["progress"] is module.Dashboard
+    assert "needs plotly" not in capsys.readouterr().out
 
 
 # -- user errors: a UsageError with the fix, no traceback ----------------------------------

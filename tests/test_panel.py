@@ -295,7 +295,7 @@ def test_status_shows_progress_eta_and_what_auto_resolved(make_panel):
     wait_until(lambda: "ETA" in panel.status.value, what="the ETA")
     text = panel.status_text()
     assert re.match(r"running · step [\d,]+/1,000,000 · [\d,]+ samples/s · ETA \d+:\d\d", text), text
-    resolved = panel.resolved.value
+    resolved = panel.settings.value
     assert "num_workers" in resolved and "batched fetch beats worker processes" in resolved
     assert "pin_memory" in resolved and "no host-to-GPU copy" in resolved
 

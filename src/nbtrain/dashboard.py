@@ -33,10 +33,12 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from .kinds import text_of
+from .series import (MAX_POINTS, TRAIN_FIELDS, VAL_FIELDS, Decimated, linear_axis, log_axis,
+                     number, planned_lr, train_row)
 from .tables import formatted
 
 # Fail at import, cheaply (no plotly import yet), when a package is missing: callers such
-# as `%%fasttrain --panel` then fall back to the progress bar on ImportError.
+# as `%%fasttrain --dashboard` then fall back to the progress bar on ImportError.
 _MISSING = [name for name in ("plotly", "anywidget", "ipywidgets")
             if importlib.util.find_spec(name) is None]
 if _MISSING:
@@ -44,24 +46,13 @@ if _MISSING:
                       "pip install 'nbtrain[notebook]' (or: pip install 'plotly>=6' anywidget "
                       "'ipywidgets>=8').")
 
-MAX_POINTS = 400          # per trace: enough for a smooth curve, small enough to send 4x/s
 INTERVAL_S = 0.25         # about 4 redraws a second: live to the eye, cheap for the kernel
 STATIC_INTERVAL_S = 2.0   # live="static" resends the whole figure (~300 kB at 400 points/trace)
 LIVE_MODES = ("auto", "widget", "static")
-PREVIEW_EXACT_LIMIT = 200_000   # schedule_preview lists every step; past this we sample
 
 # Colors of runs 1, 2, 3, ... (plotly's default qualitative palette).
 PALETTE = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692",
            "#b6e880", "#ff97ff", "#fecb52")
-
-# Tick steps of a log axis, coarsest first: decades, then 1-2-5, then every digit.
-LOG_MANTISSAS = ((1,), (1, 2, 5), (1, 2, 3, 4, 5, 6, 7, 8, 9))
-MIN_LOG_SPAN = 0.7   # decades: 1-2-5 ticks are at most 0.4 apart, so two always fit
-
-# Columns kept from each train record; "compute_s" may be derived (see `_train_row`).
-TRAIN_FIELDS = ("step", "samples_per_s", "data_wait_s", "copy_s", "compute_s", "rss_mb",
-                "cuda_allocated_mb", "cuda_reserved_mb", "nvml_used_mb", "lr", "loss")
-VAL_FIELDS = ("step", "val_loss")
 
 # The charts, in the order of the grid: name -> (row, col, title).
 CHARTS = {
@@ -89,114 +80,6 @@ SERIES = (
     ("val", "val_loss", "loss", "validation loss", dict(mode="lines+markers",
                                                         line=dict(dash="dot"))),
 )
-
-
-def _number(value) -> float:
-    """A record value as a float; anything missing or not a number becomes NaN."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return math.nan
-    return float(value)
-
-
-# -- bounded buffers --------------------------------------------------------------------------
-class Decimated:
-    """Rows of floats, never more than `max_points`, evenly spaced over the whole run.
-
-    When full, every other row is dropped and from then on only every `stride`-th new
-    row is kept: O(1) per row, bounded memory, and the spacing stays even. The newest
-    row is kept apart, so a chart always ends where training is.
-
-    >>> buf = Decimated(("step", "loss"), max_points=4)
-    >>> for s in range(1, 11): buf.add((s, 1.0 / s))
-    >>> buf.columns()["step"].tolist()
-    [1.0, 5.0, 9.0, 10.0]
-    """
-
-    def __init__(self, fields: Tuple[str, ...], max_points: int = MAX_POINTS):
-        if max_points < 2:
-            raise ValueError(f"max_points must be >= 2 (a line needs two points); got {max_points}.")
-        self.fields = fields
-        self.max_points = max_points
-        self.rows: List[tuple] = []
-        self.stride = 1
-        self.seen = 0
-        self.last: Optional[tuple] = None
-
-    def add(self, row: tuple) -> None:
-        if self.seen % self.stride == 0:
-            self.rows.append(row)
-            if len(self.rows) >= self.max_points:   # leave room for the newest row
-                self.rows = self.rows[::2]
-                self.stride *= 2
-        self.seen += 1
-        self.last = row
-
-    def columns(self) -> Dict[str, np.ndarray]:
-        rows = self.rows if not self.rows or self.rows[-1] is self.last else self.rows + [self.last]
-        table = np.array(rows, dtype=np.float64).reshape(len(rows), len(self.fields))
-        return {name: table[:, i] for i, name in enumerate(self.fields)}
-
-    def __len__(self) -> int:
-        return len(self.rows) + (self.last is not None and (not self.rows or self.rows[-1] is not self.last))
-
-
-def _train_row(record: dict) -> tuple:
-    values = {name: _number(record.get(name)) for name in TRAIN_FIELDS}
-    if math.isnan(values["compute_s"]) and not math.isnan(_number(record.get("step_time_s"))):
-        # Engines before the copy/compute split: the rest of the step is compute (+ copy).
-        copy = 0.0 if math.isnan(values["copy_s"]) else values["copy_s"]
-        wait = 0.0 if math.isnan(values["data_wait_s"]) else values["data_wait_s"]
-        values["compute_s"] = max(record["step_time_s"] - wait - copy, 0.0)
-    return tuple(values[name] for name in TRAIN_FIELDS)
-
-
-def planned_lr(config, total_steps: int, max_points: int = MAX_POINTS,
-               schedule=None, from_step: int = 0) -> Tuple[np.ndarray, np.ndarray]:
-    """(steps, lrs): the LR each optimizer step applies, at most about `max_points` of them.
-
-    Steps are counted like records' `step` (1 after the first step), so planned and
-    actual LR line up. `schedule` (a run's live Schedule) gives the LR after a live
-    `set_lr`; without it, `schedule_preview` plans from the config alone.
-    """
-    from .schedule import schedule_preview
-    if total_steps <= from_step:
-        return np.empty(0), np.empty(0)
-    picks = np.unique(np.linspace(from_step, total_steps - 1, max_points).round().astype(np.int64))
-    if schedule is not None:
-        lrs = [schedule.lr(int(i)) for i in picks]
-    elif total_steps <= PREVIEW_EXACT_LIMIT:
-        lrs = np.asarray(schedule_preview(config, total_steps), dtype=np.float64)[picks]
-    else:   # a million-step preview is a second of pure Python: sample the same curve
-        from .schedule import Schedule
-        lrs = [Schedule(config, total_steps).lr(int(i)) for i in picks]
-    return picks.astype(np.float64) + 1.0, np.asarray(lrs, dtype=np.float64)
-
-
-def log_axis(values) -> Optional[dict]:
-    """A log axis fitted to `values` (their positive, finite part), with clean ticks.
-
-    Plotly's own log ticks on a short axis label every digit ("5 2 1 0.5 ...") and a
-    fixed tick list stretches the axis past the data; this gives the range in log10
-    units, a little padded, and the coarsest ticks that put two or more labels on it:
-    decades (0.01, 0.1, 1) where the data spans them, else 1-2-5 steps.
-
-    >>> log_axis([0.02, 2.3])["ticktext"]
-    ['0.1', '1']
-    """
-    v = np.asarray(values, dtype=np.float64)
-    v = v[np.isfinite(v) & (v > 0)]
-    if not v.size:
-        return None
-    lo, hi = math.log10(v.min()), math.log10(v.max())
-    pad = max(0.05 * (hi - lo), (MIN_LOG_SPAN - (hi - lo)) / 2, 0.0)
-    lo, hi = lo - pad, hi + pad
-    for mantissas in LOG_MANTISSAS:
-        ticks = [m * 10.0 ** e for e in range(math.floor(lo), math.ceil(hi) + 1)
-                 for m in mantissas if lo <= math.log10(m) + e <= hi]
-        if len(ticks) >= 2:
-            break
-    return dict(type="log", range=[lo, hi], autorange=False, tickmode="array",
-                tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])
 
 
 # -- one run on the charts --------------------------------------------------------------------
@@ -233,15 +116,15 @@ class Slot:
         self.last_step[kind] = record["step"]
         self.dirty = True
         if kind == "val":
-            self.val.add((_number(record["step"]), _number(record.get("val_loss"))))
+            self.val.add((number(record["step"]), number(record.get("val_loss"))))
             self.last_val = record
             return
-        self.train.add(_train_row(record))
+        self.train.add(train_row(record))
         self.last_train = record
-        self.samples += _number(record.get("samples", 0))
-        self.busy_s += _number(record.get("interval_s", 0))
-        self.peak_rss_mb = np.fmax(self.peak_rss_mb, _number(record.get("peak_rss_mb")))
-        self.peak_cuda_mb = np.fmax(self.peak_cuda_mb, _number(record.get("cuda_peak_allocated_mb")))
+        self.samples += number(record.get("samples", 0))
+        self.busy_s += number(record.get("interval_s", 0))
+        self.peak_rss_mb = np.fmax(self.peak_rss_mb, number(record.get("peak_rss_mb")))
+        self.peak_cuda_mb = np.fmax(self.peak_cuda_mb, number(record.get("cuda_peak_allocated_mb")))
 
     @property
     def samples_per_s(self) -> float:
@@ -388,7 +271,7 @@ class PlotlyRenderer:
         grid.update_xaxes(title_text="step", row=3, col=1)
         self.figure = go.FigureWidget(grid) if widget else go.Figure(grid)
         self.traces: Dict[Tuple[str, str, str], object] = {}   # (label, buffer, column) -> trace
-        self.loss_axis: Optional[dict] = None
+        self.axes: Dict[str, dict] = {}   # chart -> the y axis last fitted to its values
 
     def draw(self, slots: List[Slot], preview=UNCHANGED) -> None:
         """Redraw the series of `slots`; `preview`: the next Train's (x, y) LR, or None to hide."""
@@ -404,22 +287,27 @@ class PlotlyRenderer:
                 x, y = preview if preview is not None else (np.empty(0), np.empty(0))
                 preview_trace.x, preview_trace.y = self._values(x), self._values(y)
                 preview_trace.visible = preview is not None
-        self._fit_loss_axis()   # after the batch: inside it the traces read their old data
+        self._fit_axes()   # after the batch: inside it the traces read their old data
         if self.widget:
             self._keep_state_for_reload()
 
     def _values(self, column: np.ndarray):
         return column if self.widget else np.asarray(column).tolist()
 
-    def _fit_loss_axis(self) -> None:
-        """Fit the log loss axis to every run's losses (a relayout only when it changes)."""
-        losses = [t.y for key, t in self.traces.items()
-                  if key != "next" and key[2] in ("loss", "val_loss")]
-        axis = log_axis(np.concatenate(losses)) if losses else None
-        if axis is not None and axis != self.loss_axis:
-            self.loss_axis = axis
-            row, col, _ = CHARTS["loss"]
-            self.figure.update_yaxes(axis, row=row, col=col)
+    def _fit_axes(self) -> None:
+        """Fit the loss axis (log) and the LR axis (linear, readable small numbers) to
+        every run's values: plotly's autorange puts a constant LR of 1e-3 on a -1..1 axis
+        labelled "0". A relayout only when an axis changes."""
+        for chart, columns, fit in (("loss", ("loss", "val_loss"), log_axis),
+                                    ("lr", ("lr",), linear_axis)):
+            values = [t.y for key, t in self.traces.items()
+                      if (key == "next" and chart == "lr") or (key != "next" and key[2] in columns)]
+            values = [np.asarray(v, dtype=np.float64) for v in values if v is not None and len(v)]
+            axis = fit(np.concatenate(values)) if values else None
+            if axis is not None and axis != self.axes.get(chart):
+                self.axes[chart] = axis
+                row, col, _ = CHARTS[chart]
+                self.figure.update_yaxes(axis, row=row, col=col)
 
     def _keep_state_for_reload(self) -> None:
         """Keep the state the kernel would send a reloaded page current, without sending it.

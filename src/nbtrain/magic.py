@@ -102,8 +102,9 @@ class FastTrainMagics(Magics):
                "Run, that Run's variable)")
     @_arg("--background", action="store_true",
           help="train in a background thread and return at once (default: off)")
-    @_arg("--panel", action="store_true",
-          help="show the live dashboard instead of the progress bar (default: off)")
+    @_arg("--dashboard", "--panel", dest="dashboard", action="store_true",
+          help="show the live charts (nt.Dashboard) instead of the progress bar; --panel "
+               "is its old name (default: off)")
     @_arg("--compare", metavar="OPTION=V1,V2,...",
           help="train once per value of one option, from the same initial weights and "
                "data order, and show the runs side by side; the Comparison goes to --out "
@@ -150,9 +151,9 @@ class FastTrainMagics(Magics):
         from IPython.display import display
         from .compare import compare
         from .run import TrainingError
-        if args.resume or args.background or args.panel:
+        if args.resume or args.background or args.dashboard:
             raise UsageError("--compare trains fresh runs in the foreground: drop --resume, "
-                             "--background and --panel.")
+                             "--background and --dashboard.")
         configs = _compare_configs(self.fasttrain.parser, args.compare, config)
         try:
             result = compare(inputs["model"], inputs["train_data"], inputs["loss_fn"],
@@ -395,7 +396,7 @@ def _train(ns: dict, args, config: TrainConfig, resume, inputs: dict):
     """Call nbtrain.fit and put the Run in the namespace, also when training fails."""
     import nbtrain   # at call time: the package imports this module to load the extension
     from nbtrain.entry import ModelBusyError
-    progress = _panel_progress() if args.panel else "auto"
+    progress = _dashboard_progress() if args.dashboard else "auto"
     try:
         run = nbtrain.fit(inputs["model"], inputs["train_data"], inputs["loss_fn"],
                           config=config, val_data=inputs["val_data"], resume=resume,
@@ -409,12 +410,14 @@ def _train(ns: dict, args, config: TrainConfig, resume, inputs: dict):
     return run
 
 
-def _panel_progress():
-    """What --panel shows: the live dashboard once nbtrain.dashboard exists, else the bar."""
+def _dashboard_progress():
+    """What --dashboard shows: the live charts where plotly and ipywidgets are installed,
+    else the bar."""
     try:
         from nbtrain.dashboard import Dashboard
     except ImportError:
-        print("The live dashboard (--panel) is not available yet; showing the progress bar.")
+        print("The live dashboard (--dashboard) needs plotly, anywidget and ipywidgets; "
+              "showing the progress bar.")
         return "auto"
     # A blocking fit creates the Run itself, so the dashboard cannot subscribe beforehand:
     # fit calls a callable `progress` with the Run before the first step.

@@ -325,10 +325,10 @@ class Panel:
         self.profiled = widgets.HTML(value="")   # the last profile's operators and shares
         self.status = widgets.HTML(value="")     # state, step/total, samples/s, ETA
         self.message = widgets.HTML(value="")    # why a button did nothing, pending settings
-        self.resolved = widgets.HTML(value="")   # what "auto" became, and why
+        self.settings = widgets.HTML(value="")   # what "auto" became, and why (run.resolved)
         buttons = widgets.HBox([self.train_button, self.stop_button, self.resume_button,
                                 self.report_button, self.profile_button])
-        side = widgets.VBox([buttons, self.status, self.message, self.resolved, self.profiled],
+        side = widgets.VBox([buttons, self.status, self.message, self.settings, self.profiled],
                             layout=widgets.Layout(padding="0 0 0 1em", width="44%"))
         self.widget = widgets.VBox([widgets.HBox([tabs, side]), self.dashboard.widget])
         self.widget.add_class("nbtrain-panel")
@@ -412,7 +412,7 @@ class Panel:
         and the kernel's thread never write these widgets at the same time.
         """
         self.status.value = f"<span class='nbtrain-status'>{html.escape(self.status_text())}</span>"
-        self.resolved.value = _resolved_html(self.run)
+        self.settings.value = _resolved_html(self.run)
         self.message.value = self._message_html()
         self._refresh_buttons()
 
