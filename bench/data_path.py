@@ -8,11 +8,17 @@
 2. Files on disk: the digits images as PNG files decoded with Pillow, against the same
    PNG bytes packed into one LMDB file or one TFRecord file, and LMDB / TFRecord holding
    the decoded tensors; 0, 1, 2 workers, and the cost of one __getitem__ (read + decode).
+3. LMDB integrity: what checking a database at open costs (every key and value read once
+   in a throwaway process, see nbtrain/data/lmdb.py), by size, with the file in the page
+   cache (just packed) and evicted from it (posix_fadvise DONTNEED, Linux: on a VM the
+   host's cache may still serve it), and what checking the checksum adds to one read.
 """
 from __future__ import annotations
 
 import argparse
 import io
+import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -168,6 +174,70 @@ def interleaved(sources: dict, repeats: int) -> list:
     return rows
 
 
+# -- 3. LMDB integrity ----------------------------------------------------------------------
+class Repeated(Dataset):
+    """`n` samples shaped like `sample`, each with its own values."""
+
+    def __init__(self, n: int, make):
+        self.n, self.make = n, make
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return self.make(i)
+
+
+def small_image(i):   # a digits-sized sample: an 8x8 float image and its label
+    return torch.full((1, 8, 8), i / 7.0), i % 10
+
+
+def large_image(i):   # an ImageNet-sized one: 3x224x224 bytes and its label
+    return torch.full((3, 224, 224), i % 251, dtype=torch.uint8), i % 1000
+
+
+def lmdb_integrity(repeats: int) -> list:
+    """Per database: its size (MB), the walk's seconds with the file in the page cache and
+    evicted from it (the cached verdict bypassed), µs per read (get + checksum + decode)
+    and µs of it checking the checksum; medians."""
+    from nbtrain.data import lmdb as nlmdb
+    folder = Path(tempfile.mkdtemp(prefix="nbtrain-bench-"))
+    try:
+        return [integrity_row(nlmdb, folder, *case, repeats) for case in (
+            ("digits-sized, 1,797", 1_797, small_image),
+            ("digits-sized, 100,000", 100_000, small_image),
+            ("3x224x224 uint8, 2,000", 2_000, large_image))]
+    finally:   # 350 MB of databases
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def integrity_row(nlmdb, folder: Path, label: str, n: int, make, repeats: int) -> tuple:
+    path = nt.data.pack_lmdb(Repeated(n, make), folder / f"{n}-{make.__name__}.lmdb",
+                             progress=False)
+    megabytes = Path(nlmdb.data_file(path)).stat().st_size / 1e6
+    walk_s = median_time(lambda: nlmdb.judge(path, nlmdb.walk_in_subprocess(path)), repeats)
+    evicted_s = median_time(lambda: evict(nlmdb.data_file(path))
+                            or nlmdb.judge(path, nlmdb.walk_in_subprocess(path)), repeats)
+    ds = nt.data.LMDBDataset(path)
+    picked = range(0, n, max(1, n // 2_000))   # 2,000 reads, spread over the file
+    read_us = median_time(lambda: [ds.read(i) for i in picked], repeats) / len(picked) * 1e6
+    with ds._environment().begin() as txn:   # as stored, sliced without a copy as a read does
+        values = [(nlmdb._key(i), memoryview(txn.get(nlmdb._key(i)))) for i in picked]
+    crc_us = median_time(lambda: [nlmdb.unframe(k, v) for k, v in values],
+                         repeats) / len(picked) * 1e6
+    return label, megabytes, walk_s, evicted_s, read_us, crc_us
+
+
+def evict(file: str) -> None:
+    """Drop `file` from the page cache, so that the next read goes to the disk."""
+    if hasattr(os, "posix_fadvise"):
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
@@ -183,6 +253,13 @@ def main(argv=None):
     print("|---|---:|---:|---:|---:|")
     for label, *rates, read_us in on_disk(args.repeats):
         print(f"| {label} | " + " | ".join(f"{r:,.0f}" for r in rates) + f" | {read_us:.1f} |",
+              flush=True)
+    print("\n| LMDB database | MB | walk at open, s | MB/s | evicted: s | µs per read "
+          "| of it, checksum |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for label, megabytes, walk_s, evicted_s, read_us, crc_us in lmdb_integrity(args.repeats):
+        print(f"| {label} | {megabytes:,.1f} | {walk_s:.3f} | {megabytes / walk_s:,.0f} "
+              f"| {evicted_s:.3f} | {read_us:.1f} | {crc_us:.2f} ({crc_us / read_us:.0%}) |",
               flush=True)
 
 

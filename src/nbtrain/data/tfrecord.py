@@ -32,16 +32,14 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from .errors import CorruptRecordError
+
 INDEX_FORMAT = 1
 INDEX_SUFFIX = ".nbtrain-index"
 HEADER = 12   # uint64 length + uint32 masked CRC of the length
 FOOTER = 4    # uint32 masked CRC of the data
 KINDS = {"int": "int64_list", "int64": "int64_list", "float": "float_list",
          "bytes": "bytes_list", "byte": "bytes_list"}
-
-
-class CorruptRecordError(ValueError):
-    """A record whose checksum, length or contents do not match what TFRecord requires."""
 
 
 @functools.lru_cache(maxsize=None)
