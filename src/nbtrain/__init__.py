@@ -9,7 +9,7 @@ from . import datasets
 from .autotune import autotune
 from .compare import compare
 from .config import ConfigError, TrainConfig
-from .entry import fit
+from .entry import fit, watch
 from .lr_find import lr_find
 from .memory import max_batch_size
 from .profiling import profile
@@ -17,7 +17,7 @@ from .run import Run, TrainingError
 from .schedule import schedule_preview
 
 from .version import __version__
-__all__ = ["TrainConfig", "ConfigError", "fit", "Run", "TrainingError", "schedule_preview",
+__all__ = ["TrainConfig", "ConfigError", "fit", "watch", "Run", "TrainingError", "schedule_preview",
            "max_batch_size", "compare", "lr_find", "autotune", "profile",
            "datasets", "data", "load_ipython_extension", "unload_ipython_extension",
            "Panel", "Dashboard"]

@@ -18,7 +18,33 @@ NEAR_PEAK_MFU = 0.5
 
 
 def diagnose(fractions: dict, resolved: dict) -> str:
-    """Name the bottleneck from the time split and suggest the toggle that targets it."""
+    """Name the bottleneck from the time split and suggest the toggle that targets it;
+    then what a loop of your own spends that fit would not (nt.watch's counters)."""
+    return "; ".join([_bottleneck(fractions, resolved), *own_loop_findings(fractions)])
+
+
+def own_loop_findings(fractions: dict) -> list:
+    """What nt.watch counted in the loop you wrote, each with the line to change."""
+    findings = []
+    reads = fractions.get("host_reads_per_step", 0.0)
+    if reads >= 0.5:   # about every step (a read after the last step falls outside)
+        findings.append(
+            f"your loop reads tensors back to the host {reads:.2g}x per step (loss.item(), "
+            ".cpu(), print): on a GPU each read waits for every queued kernel - read the "
+            "loss every few steps, or take it from run.history")
+    if fractions.get("kept_losses_per_step", 0.0) >= 1:
+        findings.append(
+            "your loop keeps each step's loss with its graph (losses.append(loss)): memory "
+            "grows step after step - keep loss.item() or loss.detach()")
+    if fractions.get("collated_samples_per_step", 0.0) > 0:
+        findings.append(
+            "your DataLoader collates in-memory tensors sample by sample (a __getitem__ and "
+            "a stack per sample) - index them instead (x[idx] for a shuffled idx), or let "
+            "nt.watch do it (batched_fetch, on unless optimize=False)")
+    return findings
+
+
+def _bottleneck(fractions: dict, resolved: dict) -> str:
     wait = fractions.get("data_wait_frac", 0.0)
     copy = fractions.get("copy_frac", 0.0)
     if wait >= INPUT_BOUND:
@@ -56,8 +82,12 @@ def _value(resolved: dict, name: str, default=None):
 
 
 def _input_fixes(resolved: dict) -> str:
-    tips = []
     workers = _value(resolved, "num_workers", 0)
+    if _value(resolved, "loop") == "your own":   # nt.watch: the line to change is the user's
+        more = min(max((workers or 0) * 2, 2), available_cores())
+        return (f"DataLoader(..., num_workers={more}, persistent_workers=True) in your loop, "
+                "or a packed format (nt.data.pack_lmdb)")
+    tips = []
     if _value(resolved, "batched_fetch") is False and workers == 0:
         tips.append("batched_fetch=True")
     if workers is not None and _value(resolved, "batched_fetch") is False:

@@ -1,9 +1,13 @@
-"""fit(): the one way in. Resolve the config (a resume's included), refuse what cannot
-run, hand the run to one engine (this process, N processes, or Ray), then start it and
-wait: the same tail for every engine.
+"""The ways in: fit() and watch().
+
+fit resolves the config (a resume's included), refuses what cannot run, hands the run to
+one engine (this process, N processes, or Ray), then starts it and waits: the same tail
+for every engine.
 
     fit -> prepare (prepare.py: every "auto" resolved, every part built)
         -> loop.train_safely (this process) | distributed's ranks | Ray Train's workers
+
+watch wraps a loop the user wrote: the own-loop engine (watch.py) feeds the same Run.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from .config import ConfigError, TrainConfig, as_config
 from .prepare import prepare
 from .run import Run
 from .schedule import Schedule
+from .watch import Watcher, own_loop_config
 
 
 def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, *,
@@ -47,6 +52,7 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
     run rather than shows it: it may subscribe and call `run.stop()` (lr_find stops once
     the loss diverges, autotune once a trial has been timed).
     """
+    _refuse_inside_a_watch()
     state = ckpt.state_to_resume(resume)
     cfg = _config_from(config, state, resume)
     _refuse_plateau_without_validation(cfg, val_data)
@@ -67,6 +73,60 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
     if run.state == "failed":
         raise run.error
     return run
+
+
+class watch:
+    """Watch a training loop you wrote, unchanged, and make it faster; the `with` gives
+    an ordinary Run (history, summary(), report(), stop(), nt.Dashboard(run)).
+
+    >>> with nt.watch() as run:
+    ...     for xb, yb in loader:
+    ...         opt.zero_grad(); loss = F.cross_entropy(model(xb), yb)
+    ...         loss.backward(); opt.step()
+    >>> print(run.summary_text())
+
+    `settings`: the TrainConfig fields that apply to someone else's loop (watch.py's
+    OWN_LOOP_FIELDS: amp, batched_fetch, optimizer_impl, log_every, count_flops, ...);
+    one the loop decides (epochs, lr, optimizer, ...) is a ConfigError. `optimize=False`
+    only watches: the loop runs exactly as written. `progress` as in fit. `run.stop()`,
+    the notebook's stop button or Ctrl-C end the loop at the next step boundary without
+    an error; an exception of the loop comes out unchanged, the Run marked failed. Every
+    hook and patch is undone on the way out.
+    """
+
+    def __init__(self, config: Optional[TrainConfig] = None, *, optimize: bool = True,
+                 progress="auto", **settings):
+        self.run = Run(own_loop_config(config, settings))
+        self._watcher = Watcher(self.run, optimize)
+        self._progress = progress
+        self._ctrl_c = None
+
+    def __enter__(self) -> Run:
+        self._watcher.install()
+        try:
+            attach_hooks(self.run, None, None, self._progress)
+            self._ctrl_c = ctrl_c_stops(self.run)
+            self._ctrl_c.__enter__()
+        except BaseException:
+            self._watcher.remove()
+            raise
+        _remember(self.run)
+        self.run.start()
+        return self.run
+
+    def __exit__(self, kind, exc, traceback) -> bool:
+        try:
+            self._ctrl_c.__exit__(None, None, None)   # the handler before the watch, again
+        finally:
+            swallowed = self._watcher.finish(exc)
+        return swallowed
+
+
+def _refuse_inside_a_watch() -> None:
+    if Watcher.active is not None:
+        raise RuntimeError("nt.fit was called inside `with nt.watch()`: the watch would count "
+                           "fit's steps as your loop's. Call fit outside the watch, or train "
+                           "with your own loop inside it.")
 
 
 def _engine(run: Run, model, train_data, loss_fn, val_data, state, schedule) -> Callable:

@@ -91,7 +91,7 @@ def _train(run: Run, setup: Setup) -> None:
                     _advance(run, setup, interval)
                     # --- log: the previous interval's one host read happens in interval.close
                     if interval.steps == cfg.log_every:
-                        _log(run, interval, lr)
+                        log_interval(run, interval, lr)
                     if cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0:
                         _checkpoint_now(run, interval, lr)
                     # --- termination
@@ -104,15 +104,15 @@ def _train(run: Run, setup: Setup) -> None:
             # --- the epoch ran to its end: validate
             if _epoch_ended(run, setup.batches, ran_out):
                 if interval.steps:   # close the epoch's last, shorter interval before validating
-                    _log(run, interval, _applied_lr(opt))
+                    log_interval(run, interval, _applied_lr(opt))
                 if setup.val_batches is not None:
-                    _flush(run, interval)   # validation reads the device anyway
+                    flush_interval(run, interval)   # validation reads the device anyway
                     _validate(run, setup)
                     interval.reset(run.step)   # validation time is no interval's training time
                 run.next_epoch()
         if interval.steps:
-            _log(run, interval, _applied_lr(opt))
-    _flush(run, interval)
+            log_interval(run, interval, _applied_lr(opt))
+    flush_interval(run, interval)
     _save_checkpoint(run)
 
 
@@ -212,8 +212,8 @@ def _last_record_on_error(run: Run, setup: Setup, interval: Interval):
                 _advance(run, setup, interval)
             interval.drop_unfinished_step()
             if interval.steps:
-                _log(run, interval, _applied_lr(run.optimizer))
-            _flush(run, interval)
+                log_interval(run, interval, _applied_lr(run.optimizer))
+            flush_interval(run, interval)
         raise
 
 
@@ -221,8 +221,8 @@ def _checkpoint_now(run: Run, interval: Interval, lr: float) -> None:
     """A checkpoint mid-run. Every step's loss is read first (closing the open interval):
     weights from a step whose loss was not yet seen finite are never saved."""
     if interval.steps:
-        _log(run, interval, lr)
-    _flush(run, interval)   # also makes the checkpoint's history complete to its step
+        log_interval(run, interval, lr)
+    flush_interval(run, interval)   # also makes the checkpoint's history complete to its step
     _save_checkpoint(run)
 
 
@@ -261,12 +261,12 @@ def _applied_lr(opt) -> float:
     return opt.param_groups[0]["lr"]
 
 
-def _log(run: Run, interval: Interval, lr: float) -> None:
+def log_interval(run: Run, interval: Interval, lr: float) -> None:
     """Close the interval and emit the one before it (see Interval)."""
     _emit_train(run, interval.close(run.step, run.epoch, lr), interval.timed)
 
 
-def _flush(run: Run, interval: Interval) -> None:
+def flush_interval(run: Run, interval: Interval) -> None:
     """Emit the last closed interval's record now (it waits for the device)."""
     _emit_train(run, interval.flush(), interval.timed)
 

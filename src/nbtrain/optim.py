@@ -140,3 +140,59 @@ def _check_factory_weight_decay(opt: torch.optim.Optimizer, cfg: TrainConfig) ->
 
 def _config_error(text: str, field: str = "optimizer") -> ConfigError:
     return ConfigError(text, field=field)
+
+
+# -- your own optimizer, under nt.watch ---------------------------------------------------------
+def impl_for(optimizer: torch.optim.Optimizer, device: torch.device, requested: str,
+             optimize: bool) -> Tuple[str, str]:
+    """The kernel the watch gives the loop's optimizer, (impl, why): the fused one where
+    torch has it for this class on this device, else the optimizer's own."""
+    name = _CLASSES_BY_TYPE.get(type(optimizer))
+    own = _own_impl(optimizer)
+    if not optimize:
+        return own, "optimize=False: the loop runs as written"
+    if requested in ("auto", "fused") and name and _has_fused(name, device.type) \
+            and _can_switch(optimizer):
+        return "fused", f"fused {name} kernel exists on {device.type} (for the watch only)"
+    if requested == "fused":
+        raise ConfigError(f"TrainConfig.optimizer_impl='fused' is not available for your "
+                          f"{type(optimizer).__name__} on {device.type} (or it has begun "
+                          "stepping, or is differentiable/capturable): use 'auto'.",
+                          field="optimizer_impl")
+    if requested == "foreach" and "foreach" in optimizer.defaults and _can_switch(optimizer):
+        return "foreach", "asked for (for the watch only)"
+    return own, "your optimizer's own"
+
+
+_CLASSES_BY_TYPE = {getattr(torch.optim, cls): name for name, cls in _CLASSES.items()}
+
+
+def _own_impl(optimizer) -> str:
+    group = optimizer.param_groups[0]
+    return "fused" if group.get("fused") else ("foreach" if group.get("foreach") else "its own")
+
+
+def _can_switch(optimizer) -> bool:
+    """Before its first step (no state: fused keeps its step counts on the device) and
+    with none of the flags fused refuses."""
+    groups = optimizer.param_groups
+    return not optimizer.state and all(
+        not g.get("differentiable") and not g.get("capturable") and not g.get("fused")
+        for g in groups)
+
+
+def apply_impl(optimizer: torch.optim.Optimizer, impl: str):
+    """Give `optimizer` the kernel `impl` ("fused", "foreach"; anything else: as it is);
+    returns the function that puts its groups' flags back."""
+    if impl not in ("fused", "foreach"):
+        return lambda: None
+    saved = [(g, {k: g[k] for k in ("fused", "foreach") if k in g}) for g in optimizer.param_groups]
+    for group, _ in saved:
+        group["fused"], group["foreach"] = impl == "fused", impl == "foreach"
+
+    def restore() -> None:
+        for group, flags in saved:
+            group.pop("fused", None)
+            group.pop("foreach", None)
+            group.update(flags)
+    return restore

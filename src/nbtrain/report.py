@@ -34,6 +34,9 @@ def summarize(run) -> dict:
     if busy:   # the run's whole FLOPs over its whole time (empty when not counted)
         out.update(rate_fields({"steps": sum(r["steps"] for r in train), "interval_s": busy},
                                run.resolved))
+    for name in ("host_reads_per_step", "kept_losses_per_step", "collated_samples_per_step"):
+        if any(name in r for r in train):   # nt.watch's counters, over the whole run
+            out[name] = sum(r.get(name, 0.0) * r["steps"] for r in train) / max(run.step, 1)
     if train and "copy_s" in train[-1]:
         from .diagnosis import diagnose
         out["diagnosis"] = diagnose(out, run.resolved)
@@ -49,7 +52,8 @@ def summarize(run) -> dict:
 def summary_table(run) -> str:
     """Two blocks: results, then each resolved setting with its reason."""
     s = summarize(run)
-    rows = [("state", s["state"]), ("steps", f"{s['steps']}/{s['total_steps']}"),
+    total = f"/{s['total_steps']}" if s["total_steps"] is not None else ""   # own loop: unknown
+    rows = [("state", s["state"]), ("steps", f"{s['steps']}{total}"),
             ("samples/s", f"{s['samples_per_s']:,.0f}" if s["samples"] else "-"),
             ("wall time", f"{s['wall_s']:.2f} s"), ("final loss", plain(s["final_loss"]))]
     for key, label in (("val_loss", "val loss"), ("val_acc", "val accuracy")):

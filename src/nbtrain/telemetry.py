@@ -124,12 +124,17 @@ class Interval:
         self.timer = self._timer_class()
         self.copy_started, self.copy_done = self.timer.copy_started, self.timer.copy_done
         self.data_wait_s = 0.0
+        self.counts = {}              # name -> total of the interval (nt.watch: host reads)
         self.t0 = time.perf_counter()
 
     def add(self, loss: torch.Tensor, samples: int) -> None:
         self.losses.append(loss)
         self.micro += 1
         self.samples += samples
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Add `n` to a per-interval counter; its record has `<name>_per_step`."""
+        self.counts[name] = self.counts.get(name, 0) + n
 
     def end_step(self) -> None:
         self.timer.step_done()
@@ -178,7 +183,7 @@ class EndedInterval:
         now = time.perf_counter()
         self.step, self.epoch, self.lr = step, epoch, lr
         self.samples, self.steps, self.skipped = interval.samples, interval.steps, interval.skipped
-        self.data_wait_s = interval.data_wait_s
+        self.data_wait_s, self.counts = interval.data_wait_s, interval.counts
         self.elapsed, self.time_s = max(now - interval.t0, 1e-9), now - interval.t_start
         self.memory = interval.memory.read() if interval.timed else {}
         self.timer = interval.timer if interval.timed else None
@@ -212,6 +217,7 @@ class EndedInterval:
                           compute_frac=min(compute_s / elapsed, 1.0))
         if self.skipped:
             record["skipped_steps"] = self.skipped
+        record.update({f"{name}_per_step": n / steps for name, n in self.counts.items()})
         bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
         if bad is not None:   # 1-based number of the step that held micro-batch `bad`
             record["first_nonfinite_step"] = self.start_step + bisect.bisect_right(

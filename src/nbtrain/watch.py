@@ -1,0 +1,525 @@
+"""The own-loop engine: a training loop the user wrote, watched from outside and fed into
+an ordinary Run, so every view of nbtrain works on it unchanged.
+
+It sees the loop through PyTorch's own hooks and a few functions it wraps for the
+watch only:
+
+- a step is an optimizer step: torch's global optimizer step hooks
+  (`register_optimizer_step_pre_hook` / `_post_hook`); several `backward` per step
+  (gradient accumulation) and several optimizers stepping on one backward are one step;
+- the loss is the tensor `Tensor.backward` ran on, detached and kept on the device (the
+  Interval reads it once per `log_every` steps, as in fit);
+- samples from the batch the model's outermost forward received (module forward hooks);
+- data wait is the time inside the iterator of a DataLoader (`DataLoader.__iter__`);
+- host reads (`.item()`, `.tolist()`, `.cpu()`, `.numpy()` of the step's tensors) are
+  counted per step for the diagnosis.
+
+With `optimize=True` it applies the speed settings to the user's objects for the watch
+only: autocast around the model's forward, batched fetch for a DataLoader over a
+TensorDataset, the fused optimizer kernel. `Watcher.remove` undoes every hook and patch;
+the Run ends through `Watcher.finish`.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+import weakref
+from collections import deque
+from typing import Optional
+
+import torch
+from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                   register_optimizer_step_pre_hook)
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data._utils.collate import default_collate
+
+from . import checkpoint as ckpt
+from . import flops
+from .config import SETTINGS, ConfigError, TrainConfig, as_config
+from .data.nested import batch_len
+from .devices import cpu_bf16_choice, cpu_bf16_feature, gpu_has_bf16
+from .loop import flush_interval, log_interval
+from .memory import leaves_no_trace
+from .optim import apply_impl, impl_for
+from .run import Run
+from .telemetry import Interval
+
+# The TrainConfig fields a watch can apply to someone else's loop; the rest (epochs,
+# batch_size, optimizer, lr, scheduler, ...) the loop itself decides.
+OWN_LOOP_FIELDS = ("amp", "batched_fetch", "pin_memory", "prefetch_to_device", "num_workers",
+                   "persistent_workers", "num_threads", "optimizer_impl", "channels_last",
+                   "log_every", "count_flops", "telemetry", "history_limit", "device", "on_nan")
+KEPT = "your loop's own"
+
+
+class StopWatching(BaseException):
+    """Raised into the user's loop at a step boundary after Stop or Ctrl-C; the watch
+    swallows it. A BaseException, as KeyboardInterrupt, so `except Exception` in the loop
+    does not catch it."""
+
+
+def own_loop_config(config, settings: dict) -> TrainConfig:
+    """The watch's TrainConfig: `config` with `settings`; a field the loop decides (given
+    here, or set in `config`) is a ConfigError naming it."""
+    base = as_config(config)
+    defaults = TrainConfig()
+    for name in settings:
+        if name not in SETTINGS:
+            raise ConfigError(f"nt.watch() got an unknown setting {name!r}; it takes "
+                              f"{', '.join(OWN_LOOP_FIELDS)}.", field=name)
+    loops = [name for name in settings if name not in OWN_LOOP_FIELDS] + [
+        name for name in SETTINGS if name not in OWN_LOOP_FIELDS
+        and getattr(base, name) != getattr(defaults, name) and name not in settings]
+    if loops:
+        raise ConfigError(f"TrainConfig.{loops[0]} belongs to your loop: under nt.watch the loop "
+                          f"you wrote decides it (its DataLoader, optimizer, scheduler, "
+                          f"epochs). Change it in your code; nt.watch takes "
+                          f"{', '.join(OWN_LOOP_FIELDS)}.", field=loops[0])
+    return base.replace(**settings)
+
+
+class Watcher:
+    """The hooks of one watch and the bookkeeping they do; see the module's docstring."""
+
+    active: Optional["Watcher"] = None   # one watch at a time in a process
+
+    def __init__(self, run: Run, optimize: bool):
+        self.run, self.optimize = run, optimize
+        self.model = self.interval = self.device = None
+        self.amp = "off"
+        self._undo = []                 # what remove() calls, last first
+        self._inside = False            # nbtrain's own code runs: its calls are not the loop's
+        self._depth = 0                 # module calls in progress, until the model is found
+        self._candidate = None
+        self._model_hooks = []
+        self._autocast = []             # the autocast contexts entered in the model's forward
+        self._samples = 0               # samples forwarded since the last backward
+        self._backwards = 0             # backward() calls since the last step
+        self._host_reads = 0
+        self._losses = deque(maxlen=8)  # weak references to recent losses (kept graphs)
+        self._optimizers = weakref.WeakSet()
+        self._training_loader = None
+        self._iterations = weakref.WeakKeyDictionary()
+        self._at_boundary = True
+        self._collates_tensors = False  # the loop's DataLoader collates tensors sample by sample
+        self._started = time.perf_counter()
+
+    # -- install and undo -------------------------------------------------------------------
+    def install(self) -> None:
+        if Watcher.active is not None:
+            raise RuntimeError("nt.watch is already watching a loop in this process: end that "
+                               "`with nt.watch()` block first (a watch inside a watch would "
+                               "count every step twice).")
+        Watcher.active = self
+        self._undo.append(lambda: setattr(Watcher, "active", None))
+        try:
+            self._install_hooks()
+        except BaseException:
+            self.remove()
+            raise
+
+    def _install_hooks(self) -> None:
+        self._keep(register_optimizer_step_pre_hook(self._before_step).remove)
+        self._keep(register_optimizer_step_post_hook(self._after_step).remove)
+        module_hooks = torch.nn.modules.module
+        self._global_forward = [   # until the model is found (_found_model)
+            module_hooks.register_module_forward_pre_hook(self._any_forward_starts),
+            module_hooks.register_module_forward_hook(self._any_forward_ends, with_kwargs=True,
+                                                      always_call=True)]
+        self._keep(self._remove_global_forward_hooks)
+        self._patch(torch.Tensor, "backward", self._wrap_backward)
+        for name in ("item", "tolist"):
+            self._patch(torch.Tensor, name, self._counting(grad_counts=True))
+        for name in ("cpu", "numpy"):
+            self._patch(torch.Tensor, name, self._counting(grad_counts=False))
+        self._patch(DataLoader, "__iter__", self._wrap_iter)
+
+    def _keep(self, undo) -> None:
+        self._undo.append(undo)
+
+    def _patch(self, owner, name: str, make) -> None:
+        """Replace `owner.name` with `make(original)` until remove(); an inherited one (a
+        C method of TensorBase) is removed again rather than set, so that lookup finds the
+        very object it found before."""
+        own = name in owner.__dict__
+        original = owner.__dict__[name] if own else getattr(owner, name)
+        setattr(owner, name, make(getattr(owner, name)))
+        self._undo.append(lambda: setattr(owner, name, original) if own else delattr(owner, name))
+
+    def remove(self) -> None:
+        """Undo every hook and patch, last first, whatever else fails."""
+        self._exit_autocast()
+        while self._undo:
+            with contextlib.suppress(Exception):
+                self._undo.pop()()
+
+    def _remove_global_forward_hooks(self) -> None:
+        for handle in self._global_forward:
+            handle.remove()
+        self._global_forward = []
+
+    # -- the model: found at its first outermost forward with gradients --------------------
+    def _any_forward_starts(self, module, args) -> None:
+        if self._inside:
+            return
+        if self._depth == 0 and torch.is_grad_enabled() and \
+                any(p.requires_grad for p in module.parameters()):
+            self._candidate = module
+        self._depth += 1
+
+    def _any_forward_ends(self, module, args, kwargs, output) -> None:
+        if self._inside:
+            return
+        self._depth -= 1
+        if self._depth == 0 and module is self._candidate:
+            self._candidate = None
+            self._samples += _samples_in(args, kwargs)
+            self._found_model(module, args, kwargs)
+
+    def _found_model(self, model, args, kwargs) -> None:
+        """The model the loop trains: resolve what depends on it, hook it alone from now on."""
+        self._remove_global_forward_hooks()
+        self.model = model
+        self.run.equip(model=model)
+        self._ensure_interval(next(model.parameters()).device)
+        self.run.resolved["num_threads"] = (torch.get_num_threads(), KEPT + " (torch's setting)")
+        started = time.perf_counter()
+        self._inside = True
+        try:
+            self.amp = self._resolve_amp(model, args, kwargs)
+            if self.run.config.count_flops:
+                self._count_flops(model, args, kwargs)
+        finally:
+            self._inside = False
+        setup_s = time.perf_counter() - started
+        self.run.resolved["setup_s"] = (round(setup_s, 4), "measuring on the first batch (bf16 "
+                                        "probe, FLOP count), before its backward")
+        self.interval.reset(self.run.step)   # the measuring is no step's time
+        self.interval.copy_started()
+        self.interval.copy_done()
+        self._model_hooks = [
+            model.register_forward_pre_hook(self._model_starts, with_kwargs=True),
+            model.register_forward_hook(self._model_ends, with_kwargs=True, always_call=True)]
+        self._keep(lambda: [h.remove() for h in self._model_hooks])
+
+    def _model_starts(self, module, args, kwargs):
+        if self._inside:
+            return None
+        self._stop_if_asked()
+        self._samples += _samples_in(args, kwargs)
+        self.interval.copy_started()   # the step's compute starts with its first forward
+        self.interval.copy_done()
+        if self.amp != "off":
+            context = torch.autocast(self.device.type, dtype=_DTYPES[self.amp])
+            context.__enter__()
+            self._autocast.append(context)
+        return None
+
+    def _model_ends(self, module, args, kwargs, output):
+        if self._inside or not self._autocast:
+            return None
+        self._exit_autocast()
+        # the loop computes its loss outside the forward: give it fp32 outputs, as autocast
+        # would give its loss function (cross_entropy and friends autocast to fp32)
+        return _as_float32(output)
+
+    def _exit_autocast(self) -> None:
+        while self._autocast:
+            self._autocast.pop().__exit__(None, None, None)
+
+    # -- backward: the loss, one micro-batch ------------------------------------------------
+    def _wrap_backward(self, original):
+        watcher = self
+
+        def backward(tensor, *args, **kwargs):
+            if not watcher._inside:
+                watcher._stop_if_asked()
+                watcher._on_backward(tensor)
+            return original(tensor, *args, **kwargs)
+        return backward
+
+    def _on_backward(self, loss: torch.Tensor) -> None:
+        self._ensure_interval(loss.device)
+        value = loss.detach()
+        self.interval.add(value if value.dim() == 0 else value.float().mean(), self._samples)
+        self._samples = 0
+        self._backwards += 1
+        self._at_boundary = False
+        self._losses.append(weakref.ref(loss))
+
+    def _ensure_interval(self, device: torch.device) -> None:
+        if self.interval is None:
+            self.device = device
+            self.run.resolved["loop"] = ("your own", "nt.watch: the loop you wrote, watched")
+            self.run.resolved.setdefault("device", (str(device), "your loop's: where the model is"))
+            self.interval = Interval(device, self.run.step, self.run.config.telemetry)
+
+    # -- optimizer steps ----------------------------------------------------------------------
+    def _before_step(self, optimizer, args, kwargs) -> None:
+        if self._inside:
+            return
+        if optimizer not in self._optimizers:
+            self._adopt(optimizer)
+        if self._backwards:
+            self.run.enter("update")   # a second Ctrl-C waits until the step is counted
+
+    def _adopt(self, optimizer) -> None:
+        """An optimizer seen for the first time (before its first step of the watch)."""
+        self._optimizers.add(optimizer)
+        if self.run.optimizer is None:
+            self.run.equip(optimizer=optimizer)
+        device = optimizer.param_groups[0]["params"][0].device
+        impl, why = impl_for(optimizer, device, self.run.config.optimizer_impl, self.optimize)
+        self.run.resolved.setdefault("optimizer_impl", (impl, why))
+        self._keep(apply_impl(optimizer, impl))
+
+    def _after_step(self, optimizer, args, kwargs) -> None:
+        if self._inside or not self._backwards:
+            return   # another optimizer stepping on the same backward: the same step
+        self._inside = True
+        try:
+            self._end_step()
+        finally:
+            self._inside = False
+
+    def _end_step(self) -> None:
+        run, interval = self.run, self.interval
+        run.advance(self._backwards)
+        self._backwards = 0
+        interval.end_step()
+        interval.count("host_reads", self._host_reads)
+        interval.count("kept_losses", sum(1 for ref in list(self._losses)[:-1]
+                                          if (t := ref()) is not None and t.requires_grad))
+        self._host_reads = 0
+        if interval.steps == run.config.log_every:
+            log_interval(run, interval, _lr(run.optimizer))
+        run.enter("load")
+        self._at_boundary = True
+
+    def _stop_if_asked(self) -> None:
+        """End the loop at the step boundary: after a finished step, before the next one
+        has changed anything (its batch may be loaded; its forward has not run)."""
+        if self._at_boundary and self.run.stop_requested:
+            raise StopWatching()
+
+    # -- the loader: data wait, batched fetch ---------------------------------------------
+    def _wrap_iter(self, original):
+        watcher = self
+
+        def __iter__(loader):
+            if watcher._inside:
+                return original(loader)
+            return watcher._timed_batches(loader, original)
+        return __iter__
+
+    def _timed_batches(self, loader, original):
+        self._new_epoch(loader)
+        batches = iter(self._fetch_batched(loader) if self._batched(loader) else original(loader))
+        while True:
+            self._stop_if_asked()
+            start = time.perf_counter()
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            finally:
+                if self.interval is not None:
+                    self.interval.data_wait_s += time.perf_counter() - start
+            if self._collates_tensors and self.interval is not None and \
+                    self._training_loader() is loader:
+                self.interval.count("collated_samples", _samples_in((batch,), {}))
+            yield batch
+
+    def _new_epoch(self, loader) -> None:
+        """Each pass over the first loader the loop iterates starts an epoch."""
+        if self._training_loader is None:
+            self._training_loader = weakref.ref(loader)
+            self._describe_loader(loader)
+        elif self._training_loader() is loader:
+            self.run.next_epoch()
+
+    def _describe_loader(self, loader) -> None:
+        resolved, cfg = self.run.resolved, self.run.config
+        resolved.setdefault("num_workers", (loader.num_workers, KEPT))
+        resolved.setdefault("pin_memory", (loader.pin_memory, KEPT))
+        possible = _batchable(loader)
+        if cfg.batched_fetch is True and not possible:
+            why = "not possible for this DataLoader: " + _why_not_batchable(loader)
+        elif not self.optimize or cfg.batched_fetch is False:
+            why = "off: " + ("optimize=False" if not self.optimize else "asked for")
+        else:
+            why = ("a TensorDataset with the default collate: one index op per batch instead "
+                   "of a __getitem__ per sample, the same batches in the same order") \
+                if possible else _why_not_batchable(loader)
+        resolved["batched_fetch"] = (bool(self.optimize and possible
+                                          and cfg.batched_fetch is not False), why)
+        self._collates_tensors = possible and not resolved["batched_fetch"][0]
+
+    def _batched(self, loader) -> bool:
+        return self._training_loader() is loader and self.run.resolved["batched_fetch"][0]
+
+    def _fetch_batched(self, loader):
+        """The DataLoader's batches, each with one index op per tensor: what its own
+        iterator makes (default_collate of a TensorDataset's rows: a list of stacked
+        tensors), drawing the same numbers from its RNG (the iterator's base seed, then
+        its sampler's order), so the batches and the RNG after them are the loader's own."""
+        torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
+        tensors = loader.dataset.tensors
+        for indices in loader.batch_sampler:
+            index = torch.as_tensor(indices)
+            batch = [t[index] for t in tensors]
+            yield [b.pin_memory() for b in batch] if loader.pin_memory and \
+                torch.cuda.is_available() else batch
+
+    # -- host reads ---------------------------------------------------------------------------
+    def _counting(self, grad_counts: bool):
+        """A wrapper that counts a host read of a tensor on a device, or (item, tolist) of
+        one computed with gradients: the loop's loss.item(), not a CPU index's."""
+        watcher = self
+
+        def wrap(original):
+            def read(tensor, *args, **kwargs):
+                if not watcher._inside and (tensor.device.type != "cpu"
+                                            or (grad_counts and tensor.requires_grad)):
+                    watcher._host_reads += 1
+                return original(tensor, *args, **kwargs)
+            return read
+        return wrap
+
+    # -- settings resolved on the model -----------------------------------------------------
+    def _resolve_amp(self, model, args, kwargs) -> str:
+        requested, device = self.run.config.amp, self.device
+        choice = _amp_choice(requested, device, self.optimize,
+                             lambda amp: _probe_step(model, args, kwargs, amp),
+                             key=_architecture(model, args, kwargs))
+        self.run.resolved["amp"] = choice
+        return choice[0]
+
+    def _count_flops(self, model, args, kwargs) -> None:
+        batch, loss_fn = _as_batch(args, kwargs)
+        self.run.resolved.update(flops.resolve(model, loss_fn, lambda: batch, self.amp,
+                                               self.device, 1, torch.get_num_threads()))
+
+    # -- the end ------------------------------------------------------------------------------
+    def finish(self, exc: Optional[BaseException]) -> bool:
+        """End the Run: undo every hook first, then the last records, then the state.
+        True when `exc` is the watch's own stop (the with block swallows it)."""
+        self.remove()
+        run, interval = self.run, self.interval
+        stopped = isinstance(exc, StopWatching) or (exc is None and run.stop_requested)
+        error = exc if exc is not None and not isinstance(
+            exc, (StopWatching, KeyboardInterrupt)) else None
+        if stopped or isinstance(exc, KeyboardInterrupt):
+            state = "interrupted" if run.interrupted or isinstance(exc, KeyboardInterrupt) \
+                else "stopped"
+        else:
+            state = "failed" if error is not None else "finished"
+        if interval is not None:
+            with contextlib.suppress(Exception):   # the user's error is the one to report
+                interval.drop_unfinished_step()
+                if interval.steps:
+                    log_interval(run, interval, _lr(run.optimizer))
+                flush_interval(run, interval)
+        device = self.device or torch.device("cpu")
+        run.finish(state, read_rng=lambda: ckpt.rng_state(device),
+                   elapsed_s=time.perf_counter() - self._started, error=error)
+        return isinstance(exc, StopWatching)
+
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _amp_choice(requested: str, device: torch.device, optimize: bool, step, key):
+    """The watch's amp, (value, why): as fit resolves it, where the loop can take it."""
+    if not optimize:
+        return "off", "optimize=False: the loop runs as written"
+    if requested == "off":
+        return "off", "asked for"
+    if requested == "fp16":
+        raise ConfigError("TrainConfig.amp='fp16' needs a GradScaler in your loop "
+                          "(scaler.scale(loss).backward(); scaler.step(opt)): nt.watch "
+                          "applies bf16 only. Use amp='bf16' or 'auto', or add the scaler "
+                          "to your loop with torch.autocast.", field="amp")
+    if device.type == "cuda":
+        if gpu_has_bf16(device):
+            return "bf16", f"{torch.cuda.get_device_name(device)} has bf16: autocast, no scaler"
+        return "off", "this GPU has no bf16, and fp16 needs a GradScaler in your loop"
+    if device.type != "cpu":
+        return "off", f"no autocast nbtrain trusts on {device.type}"
+    if requested == "bf16":
+        return "bf16", "asked for"
+    if not cpu_bf16_feature():
+        return "off", "CPU has no bf16 matmul units (avx512_bf16, amx_bf16): bf16 runs slower"
+    return cpu_bf16_choice(step, key)
+
+
+def _probe_step(model, args, kwargs, amp: str) -> None:
+    """A forward and backward of the model on the loop's first batch, leaving no trace."""
+    with leaves_no_trace(model):
+        context = torch.autocast("cpu", dtype=torch.bfloat16) if amp == "bf16" \
+            else contextlib.nullcontext()
+        with context:
+            output = model(*args, **kwargs)
+        _first_tensor(output).float().sum().backward()
+
+
+def _architecture(model, args, kwargs) -> tuple:
+    """What a bf16 measurement depends on: layers, parameter shapes, the batch's shapes."""
+    shapes = tuple((tuple(p.shape), p.dtype) for p in model.parameters())
+    batch = tuple((tuple(t.shape), t.dtype) for t in _tensors(args, kwargs))
+    return (repr(model), shapes, batch)
+
+
+def _as_batch(args, kwargs):
+    """(batch, loss_fn) for flops.resolve from a forward's arguments: the output's sum
+    stands in for the loop's loss (whose own FLOPs are negligible next to the model's)."""
+    if kwargs and not args:
+        return dict(kwargs), None
+    return (*args, None), lambda output, _targets: _first_tensor(output).float().sum()
+
+
+def _samples_in(args, kwargs) -> int:
+    try:
+        return batch_len(args if args else dict(kwargs))
+    except Exception:
+        return 0
+
+
+def _tensors(args, kwargs):
+    return [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+
+
+def _first_tensor(output) -> torch.Tensor:
+    if isinstance(output, torch.Tensor):
+        return output
+    values = output.values() if hasattr(output, "values") else output
+    return next(v for v in values if isinstance(v, torch.Tensor))
+
+
+def _as_float32(output):
+    """16-bit floating outputs of an autocast forward as float32; anything else as it is."""
+    if isinstance(output, torch.Tensor):
+        return output.float() if output.dtype in (torch.bfloat16, torch.float16) else output
+    if isinstance(output, tuple) and not hasattr(output, "_fields"):
+        return tuple(_as_float32(o) for o in output)
+    return output
+
+
+def _batchable(loader) -> bool:
+    return not _why_not_batchable(loader)
+
+
+def _why_not_batchable(loader) -> str:
+    if type(loader.dataset) is not TensorDataset:
+        return f"a {type(loader.dataset).__name__}: samples are read one by one"
+    if loader.batch_sampler is None:
+        return "batch_size=None: samples unbatched"
+    if loader.collate_fn is not default_collate:
+        return "its own collate_fn"
+    if loader.num_workers:
+        return f"{loader.num_workers} worker(s) of its own"
+    return ""
+
+
+def _lr(optimizer) -> float:
+    return optimizer.param_groups[0]["lr"] if optimizer is not None else float("nan")

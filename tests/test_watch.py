@@ -1,0 +1,334 @@
+"""nt.watch: a loop the user wrote, watched from outside, made faster, and left as it was."""
+from __future__ import annotations
+
+import signal
+import threading
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+import nbtrain as nt
+from nbtrain.config import ConfigError
+from nbtrain.watch import Watcher
+
+
+def data(n=256, features=16):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(n, features, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+
+def net(dropout=0.2):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(dropout), nn.Linear(32, 4))
+
+
+def train(model, opt, loader, epochs=2, every_step=None, losses=None):
+    """The tutorial loop, as written; returns its losses (loss.item() every step)."""
+    losses = [] if losses is None else losses
+    for _ in range(epochs):
+        for xb, yb in loader:
+            opt.zero_grad()
+            loss = F.cross_entropy(model(xb), yb)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            if every_step:
+                every_step(len(losses))
+    return losses
+
+
+def loader_of(x, y, seed=1, batch_size=32):
+    return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=True,
+                      generator=torch.Generator().manual_seed(seed))
+
+
+def same_weights(a, b) -> bool:
+    return all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+QUIET = dict(progress=False, count_flops=False)
+
+
+# -- watching only: the loop runs exactly as written -----------------------------------------
+def test_optimize_false_changes_nothing_the_loop_computes():
+    x, y = data()
+    plain, watched = net(), net()
+    opt_a, opt_b = torch.optim.Adam(plain.parameters(), 1e-2), torch.optim.Adam(watched.parameters(), 1e-2)
+    torch.manual_seed(5)
+    expected = train(plain, opt_a, loader_of(x, y))
+    rng_after = torch.get_rng_state()
+    torch.manual_seed(5)
+    with nt.watch(optimize=False, progress=False) as run:   # FLOPs counted: no trace left
+        got = train(watched, opt_b, loader_of(x, y))
+    assert got == expected and same_weights(plain, watched)
+    assert torch.equal(torch.get_rng_state(), rng_after)
+    assert run.state == "finished" and run.step == 16 and run.epoch == 1
+    assert run.model is watched and run.optimizer is opt_b
+
+
+def test_the_records_hold_the_loops_own_losses_and_samples():
+    x, y = data()
+    model = net(dropout=0.0)
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    with nt.watch(optimize=False, log_every=4, **QUIET) as run:
+        losses = train(model, opt, loader_of(x, y), epochs=1)
+    records = run.records("train")
+    assert [r["step"] for r in records] == [4, 8]
+    for k, record in enumerate(records):
+        assert record["loss"] == pytest.approx(sum(losses[4 * k:4 * k + 4]) / 4, rel=1e-6)
+        assert record["samples"] == 4 * 32 and record["lr"] == 0.1
+    assert run.summary()["samples"] == 256
+
+
+# -- what it changes ---------------------------------------------------------------------------
+def test_batched_fetch_gives_the_loaders_own_batches_in_its_order():
+    x, y = data(250)   # a last, shorter batch
+    seen = []
+
+    def model(xb):
+        seen.append(xb.clone())
+        return xb
+    plain = [b for b in loader_of(x, y, seed=3)]
+    generator_after = loader_of(x, y, seed=3)
+    list(generator_after)
+    with nt.watch(**QUIET) as run:
+        loader = loader_of(x, y, seed=3)
+        watched = [b for b in loader]
+    assert run.resolved["batched_fetch"][0] is True
+    assert len(watched) == len(plain) == 8
+    for (a, b), (c, d) in zip(plain, watched):
+        assert torch.equal(a, c) and torch.equal(b, d)
+    assert torch.equal(loader.generator.get_state(), generator_after.generator.get_state())
+
+
+def test_bf16_autocast_really_runs_the_forward_in_bf16_and_gives_the_loss_fp32():
+    dtypes = []
+
+    class Probe(nn.Module):
+        def forward(self, h):
+            dtypes.append(h.dtype)
+            return h
+    x, y = data()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), Probe(), nn.Linear(32, 4))
+    opt = torch.optim.AdamW(model.parameters(), 1e-3)
+    outputs = []
+    with nt.watch(amp="bf16", **QUIET) as run:
+        for xb, yb in loader_of(x, y):
+            out = model(xb)
+            outputs.append(out.dtype)
+            F.cross_entropy(out, yb).backward()
+            opt.step()
+            opt.zero_grad()
+    assert run.resolved["amp"] == ("bf16", "asked for")
+    assert dtypes[0] == torch.float32 and set(dtypes[1:]) == {torch.bfloat16}   # found at call 1
+    assert set(outputs) == {torch.float32}
+    assert not torch.is_autocast_enabled("cpu")
+
+
+def test_the_fused_kernel_is_the_optimizers_for_the_watch_only():
+    x, y = data()
+    model = net()
+    opt = torch.optim.AdamW(model.parameters(), 1e-3)
+    flags = {k: opt.param_groups[0].get(k) for k in ("fused", "foreach")}
+    during = []
+    with nt.watch(**QUIET) as run:
+        train(model, opt, loader_of(x, y), epochs=1,
+              every_step=lambda n: during.append(opt.param_groups[0]["fused"]))
+    assert run.resolved["optimizer_impl"][0] == "fused" and set(during) == {True}
+    assert {k: opt.param_groups[0].get(k) for k in ("fused", "foreach")} == flags
+
+
+# -- what it sees ------------------------------------------------------------------------------
+def test_gradient_accumulation_and_two_optimizers_count_one_step_each_time():
+    x, y = data()
+    model = net()
+    head, body = list(model[3].parameters()), list(model[0].parameters())
+    opts = [torch.optim.SGD(head, 0.1), torch.optim.SGD(body, 0.1)]
+    with nt.watch(optimize=False, log_every=2, **QUIET) as run:
+        for i, (xb, yb) in enumerate(loader_of(x, y, batch_size=16)):
+            F.cross_entropy(model(xb), yb).backward()
+            if i % 2 == 1:   # two micro-batches per step
+                for opt in opts:
+                    opt.step()
+                    opt.zero_grad()
+    assert run.step == 8 and run.batch_in_epoch == 16
+    assert [r["samples"] for r in run.records()] == [64] * 4
+
+
+def test_a_hugging_face_style_loop_with_dict_batches():
+    class Output(dict):
+        @property
+        def loss(self):
+            return self["loss"]
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.head = nn.Embedding(50, 8), nn.Linear(8, 2)
+
+        def forward(self, input_ids, labels):
+            logits = self.head(self.embed(input_ids).mean(1))
+            return Output(loss=F.cross_entropy(logits, labels), logits=logits)
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = torch.optim.AdamW(model.parameters(), 1e-3)
+    batches = [{"input_ids": torch.randint(0, 50, (8, 5)), "labels": torch.randint(0, 2, (8,))}
+               for _ in range(6)]
+    with nt.watch(log_every=3, progress=False) as run:   # FLOPs counted on keyword inputs
+        for batch in batches:   # a list, not a DataLoader
+            model(**batch).loss.backward()
+            opt.step()
+            opt.zero_grad()
+    assert run.step == 6 and [r["samples"] for r in run.records()] == [24, 24]
+    assert run.resolved["flops_per_step"][0] > 0
+
+
+def test_an_evaluation_loop_without_backward_makes_no_step():
+    x, y = data()
+    model = net()
+    with nt.watch(**QUIET) as run, torch.no_grad():
+        for xb, _ in loader_of(x, y):
+            model(xb)
+    assert run.state == "finished" and run.step == 0 and run.records() == []
+
+
+def test_the_diagnosis_names_a_host_read_every_step_and_kept_losses():
+    x, y = data()
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    kept = []
+    with nt.watch(optimize=False, log_every=4, **QUIET) as run:
+        train(model, opt, loader_of(x, y), epochs=1,
+              every_step=lambda n: kept.append(F.cross_entropy(model(x[:4]), y[:4])))
+    summary = run.summary()
+    # the read after the last step falls after the run's last step boundary
+    assert summary["host_reads_per_step"] == 7 / 8
+    assert "reads tensors back to the host 0.88x per step" in summary["diagnosis"]
+    assert "collates in-memory tensors sample by sample" in summary["diagnosis"]
+    with nt.watch(optimize=False, log_every=4, **QUIET) as run:
+        for xb, yb in loader_of(x, y):
+            loss = F.cross_entropy(model(xb), yb)
+            loss.backward()
+            opt.step()
+            kept.append(loss)   # the graph of every step, kept
+    assert "keeps each step's loss with its graph" in run.summary()["diagnosis"]
+
+
+# -- how it ends: Stop, the loop's error, Ctrl-C -------------------------------------------------
+def test_stop_from_another_thread_ends_the_loop_at_a_step_boundary():
+    x, y = data(2048)
+    model, reference = net(dropout=0.0), net(dropout=0.0)
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    started = threading.Event()
+
+    def stop_soon():
+        started.wait(10)
+        run.stop()
+    losses = []
+    with nt.watch(optimize=False, **QUIET) as run:
+        threading.Thread(target=stop_soon).start()
+        train(model, opt, loader_of(x, y), epochs=50, every_step=lambda n: started.set(),
+              losses=losses)
+    assert run.state == "stopped" and 1 <= run.step < 50 * 64
+    assert len(losses) == run.step   # the loop's own line after opt.step() ran for each step
+    ref_opt = torch.optim.SGD(reference.parameters(), 0.1)
+    steps, loader = iter(range(run.step)), loader_of(x, y)
+    for xb, yb in (b for _ in range(50) for b in loader):
+        if next(steps, None) is None:
+            break
+        ref_opt.zero_grad()
+        F.cross_entropy(reference(xb), yb).backward()
+        ref_opt.step()
+    assert same_weights(model, reference)   # as after the last finished step
+
+
+def test_the_loops_exception_comes_out_unchanged_and_the_run_keeps_its_records():
+    x, y = data()
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    boom = ValueError("my loop broke")
+
+    def fail(n):
+        if n == 6:
+            raise boom
+    with pytest.raises(ValueError) as info:
+        with nt.watch(log_every=2, **QUIET) as run:
+            train(model, opt, loader_of(x, y), every_step=fail)
+    assert info.value is boom and "fail" in str(info.traceback[-1])
+    assert run.state == "failed" and run.error is boom and run.step == 6
+    assert [r["step"] for r in run.records()] == [2, 4, 6]
+    assert_left_as_found()
+
+
+def test_ctrl_c_interrupts_at_the_step_boundary_and_restores_the_handler():
+    x, y = data()
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    before = signal.getsignal(signal.SIGINT)
+
+    def press(n):
+        if n == 3:
+            signal.raise_signal(signal.SIGINT)
+    with nt.watch(**QUIET) as run:
+        train(model, opt, loader_of(x, y), every_step=press)
+    assert run.state == "interrupted" and run.step == 3
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+# -- left as found --------------------------------------------------------------------------------
+ORIGINALS = {name: getattr(torch.Tensor, name) for name in ("backward", "item", "tolist", "cpu",
+                                                             "numpy")}
+ITER = DataLoader.__iter__
+
+
+def assert_left_as_found():
+    from torch.nn.modules import module
+    from torch.optim import optimizer
+    for name, original in ORIGINALS.items():
+        assert getattr(torch.Tensor, name) is original, name
+    assert DataLoader.__iter__ is ITER
+    assert not module._global_forward_pre_hooks and not module._global_forward_hooks
+    assert not optimizer._global_optimizer_pre_hooks and not optimizer._global_optimizer_post_hooks
+    assert Watcher.active is None and not torch.is_autocast_enabled("cpu")
+
+
+def test_every_hook_and_patch_is_undone_and_the_users_objects_keep_their_settings():
+    x, y = data()
+    model = net()
+    opt = torch.optim.AdamW(model.parameters(), 1e-3, foreach=False)
+    loader = loader_of(x, y)
+    groups = [dict((k, v) for k, v in g.items() if k != "params") for g in opt.param_groups]
+    settings = (loader.batch_size, loader.num_workers, loader.pin_memory, loader.generator)
+    with nt.watch(amp="bf16", **QUIET):
+        train(model, opt, loader, epochs=1)
+    assert_left_as_found()
+    assert [dict((k, v) for k, v in g.items() if k != "params") for g in opt.param_groups] == groups
+    assert (loader.batch_size, loader.num_workers, loader.pin_memory, loader.generator) == settings
+    assert not model._forward_pre_hooks and not model._forward_hooks
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_a_watch_inside_a_watch_and_fit_inside_a_watch_are_clear_errors():
+    x, y = data()
+    with nt.watch(**QUIET):
+        with pytest.raises(RuntimeError, match="already watching a loop"):
+            with nt.watch(**QUIET):
+                pass
+        with pytest.raises(RuntimeError, match="nt.fit was called inside"):
+            nt.fit(net(), (x, y), F.cross_entropy, progress=False)
+    assert_left_as_found()
+
+
+def test_a_setting_the_loop_decides_is_a_config_error_naming_it():
+    with pytest.raises(ConfigError, match="TrainConfig.lr belongs to your loop") as err:
+        nt.watch(lr=1e-3)
+    assert err.value.field == "lr"
+    with pytest.raises(ConfigError, match="TrainConfig.epochs belongs to your loop"):
+        nt.watch(nt.TrainConfig(epochs=3))
+    with pytest.raises(ConfigError, match="amp"):
+        nt.watch(amp="fp8")
+    assert_left_as_found()
