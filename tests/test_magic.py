@@ -583,3 +583,67 @@ def test_compare_spec_errors(ip, capsys, spec, expected):
     result = ip.run_cell(f"%%fasttrain --max-steps 2 --device cpu --compare {spec}\n" + CELL)
     assert not result.success
     assert expected in str(result.error_in_exec)
+
+
+# -- a cell with a loop of its own: run once inside nt.watch ----------------------------------
+
+OWN_LOOP = """
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+opt = torch.optim.AdamW(net.parameters(), 3e-3)
+loader = DataLoader(TensorDataset(torch.randn(256, 8), torch.randint(0, 3, (256,))),
+                    batch_size=32, shuffle=True)
+steps = 0
+for epoch in range(2):
+    for xb, yb in loader:
+        opt.zero_grad()
+        loss = F.cross_entropy(net(xb), yb)
+        loss.backward()
+        opt.step()
+        steps += 1   # the cell's own counter
+"""
+
+
+def test_an_own_loop_cell_runs_once_inside_a_watch_and_the_run_lands(ip, capsys):
+    result = ip.run_cell(f"%%fasttrain --log-every 4 --no-count-flops\n{OWN_LOOP}")
+    assert result.error_in_exec is None, result.error_in_exec
+    run = ip.user_ns["run"]
+    assert ip.user_ns["steps"] == run.step == 16   # the loop ran once, every step watched
+    assert run.state == "finished" and run.model is ip.user_ns["net"]
+    assert run.config.log_every == 4 and len(run.records()) == 4
+    assert "batched_fetch" in capsys.readouterr().out   # the summary, with its reasons
+
+
+def test_an_option_the_own_loop_decides_is_a_usage_error_saying_so(ip):
+    text = usage_error(ip, f"%%fasttrain --epochs 3\n{OWN_LOOP}")
+    assert "--epochs: the loop in this cell decides it" in text and "--amp" in text
+    assert "steps" not in ip.user_ns   # refused before the cell ran
+
+
+def test_a_stop_ends_the_own_loop_quietly_at_a_step_boundary(ip, capsys):
+    cell = OWN_LOOP.replace("steps += 1   # the cell's own counter",
+                            "steps += 1\n        if steps == 5:\n            run.stop()")
+    result = ip.run_cell(f"%%fasttrain --out run\n{cell}")
+    assert result.error_in_exec is None, result.error_in_exec
+    run = ip.user_ns["run"]
+    assert run.state == "stopped" and run.step == ip.user_ns["steps"] == 5
+    assert "StopWatching" not in capsys.readouterr().out
+
+
+def test_the_own_loops_error_is_shown_and_the_failed_run_kept(ip, capsys):
+    cell = OWN_LOOP.replace("steps += 1   # the cell's own counter",
+                            "steps += 1\n        if steps == 3:\n            raise KeyError('x')")
+    ip.run_cell(f"%%fasttrain\n{cell}")
+    run = ip.user_ns["run"]
+    assert run.state == "failed" and isinstance(run.error, KeyError) and run.step == 3
+    assert "The loop failed (error above)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("cell, own", [
+    ("loss.backward()", True), ("scaler.scale(loss).backward(retain_graph=True)", True),
+    ("model = nn.Linear(2, 2)  # no .backward() here", False), ("s = 'x.backward()'", False),
+])
+def test_an_own_loop_is_a_cell_that_calls_backward(cell, own):
+    assert magic.calls_backward(cell) is own

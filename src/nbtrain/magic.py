@@ -26,6 +26,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from .config import (FACTORY_FIELDS, FIELD_NAMES, GROUPS, SETTINGS, ConfigError, TrainConfig,
                      rejection, settings_in)
 from .kinds import AUTO_FLAG, Flag, text_of
+from .watch import OWN_LOOP_FIELDS
 
 _DEFAULTS = TrainConfig()   # the help quotes these, so it cannot drift from the config
 _MISSING = object()
@@ -132,6 +133,9 @@ class FastTrainMagics(Magics):
         if args.out is not None:
             _check_out_name(args.out)
         ns = self.shell.user_ns
+        if cell and calls_backward(cell):   # a loop of your own: run it once, watched
+            self._watch_cell(ns, args, cell)
+            return
         if args.config is None and args.resume is None:   # a bad option fails before the body runs
             _apply_options(TrainConfig(), _with_named_factories(args, ns, cell))
         defined = self._run_body(cell)
@@ -165,6 +169,47 @@ class FastTrainMagics(Magics):
         ns[args.out] = result
         display(result)
 
+    def _watch_cell(self, ns: dict, args, cell: str) -> None:
+        """The cell's own loop, run once inside nt.watch with the options given; the Run
+        in `run` (--out). A Stop or Ctrl-C ends the loop quietly at a step boundary."""
+        import nbtrain
+        if args.resume or args.compare or args.background:
+            raise UsageError("--resume, --compare and --background train with nbtrain's own "
+                             "loop; this cell runs a loop of its own (it calls .backward()). "
+                             "Drop them, or define model, train_data and loss_fn instead.")
+        given = {name: value for name, value in vars(args).items()
+                 if name in FIELD_NAMES and value is not None}
+        config = _base_config(ns, args.config, None) if args.config else None
+        progress = _dashboard_progress() if args.dashboard else "auto"
+        try:
+            watch = nbtrain.watch(config, progress=progress, **given)
+        except ConfigError as err:
+            raise UsageError(_loop_decides(err)) from None
+        args.out = args.out or "run"
+        ns[args.out] = run = watch.__enter__()
+        error = self._run_watched(cell, watch)
+        if error is not None and run.state == "failed":
+            print(f"The loop failed (error above); the Run, with its records, is in `{args.out}`.")
+            return
+        print(run.summary_text())
+
+    def _run_watched(self, cell: str, watch):
+        """Run the cell; its error (shown by IPython as in any cell) ends the watch."""
+        from .watch import StopWatching
+        shell = self.shell
+        saved = shell.custom_exceptions, shell.CustomTB
+        shell.set_custom_exc((StopWatching,), lambda *args, **kwargs: None)   # a quiet end
+        try:
+            error = shell.run_cell(cell).error_in_exec
+        except BaseException as exc:
+            watch.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        finally:
+            shell.custom_exceptions, shell.CustomTB = saved
+        watch.__exit__(type(error) if error else None, error,
+                       error.__traceback__ if error else None)
+        return error
+
     def _run_body(self, cell) -> list:
         """Run the cell body in the user namespace; return the names it bound."""
         ns = self.shell.user_ns
@@ -175,6 +220,32 @@ class FastTrainMagics(Magics):
                 raise UsageError("The cell body failed (error above), so training did not start.")
         return [name for name, value in ns.items()
                 if not name.startswith("_") and before.get(name, _MISSING) is not value]
+
+
+# -- a cell with a loop of its own ----------------------------------------------------------
+
+def calls_backward(cell: str) -> bool:
+    """Whether the cell's code calls `.backward(` itself (read from its tokens, so a
+    comment or a string that mentions it does not count)."""
+    import io
+    import tokenize
+    try:
+        tokens = [t for t in tokenize.generate_tokens(io.StringIO(cell).readline)
+                  if t.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE)]
+    except (tokenize.TokenError, SyntaxError):   # IPython syntax (%magics, !shell) is fine
+        return ".backward(" in cell
+    return any(a.string == "." and b.string == "backward" and c.string == "("
+               for a, b, c in zip(tokens, tokens[1:], tokens[2:]))
+
+
+def _loop_decides(err: ConfigError) -> str:
+    """A watch's ConfigError in the magic's words: the option, not the field."""
+    if err.field in SETTINGS and "belongs to your loop" in str(err):
+        return (f"{SETTINGS[err.field].flag}: the loop in this cell decides it (its "
+                "DataLoader, optimizer, scheduler, epochs); change it in the cell. With a "
+                "loop of your own %%fasttrain takes: " + ", ".join(
+                    SETTINGS[name].flag for name in OWN_LOOP_FIELDS) + ".")
+    return str(err)
 
 
 # -- options -> TrainConfig -----------------------------------------------------------------
