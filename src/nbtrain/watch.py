@@ -287,14 +287,21 @@ class Watcher:
         run.advance(self._backwards)
         self._backwards = 0
         interval.end_step()
-        interval.count("host_reads", self._host_reads)
-        interval.count("kept_losses", sum(1 for ref in list(self._losses)[:-1]
-                                          if (t := ref()) is not None and t.requires_grad))
-        self._host_reads = 0
         if interval.steps == run.config.log_every:
-            log_interval(run, interval, _lr(run.optimizer))
+            self._log()
         run.enter("load")
         self._at_boundary = True
+
+    def _log(self) -> None:
+        """Close the interval with the loop's counts since the last record (counted here,
+        not per step: each call in a step is time the loop waits for)."""
+        interval = self.interval
+        interval.count("host_reads", self._host_reads)
+        # a loss still alive after its step: the loop keeps it, and with it its graph
+        interval.count("kept_losses", interval.steps * any(
+            (t := ref()) is not None and t.requires_grad for ref in list(self._losses)[:-1]))
+        self._host_reads = 0
+        log_interval(self.run, interval, _lr(self.run.optimizer))
 
     def _stop_if_asked(self) -> None:
         """End the loop at the step boundary: after a finished step, before the next one
@@ -379,8 +386,8 @@ class Watcher:
 
         def wrap(original):
             def read(tensor, *args, **kwargs):
-                if not watcher._inside and (tensor.device.type != "cpu"
-                                            or (grad_counts and tensor.requires_grad)):
+                if not watcher._inside and ((grad_counts and tensor.requires_grad)
+                                            or not tensor.is_cpu):
                     watcher._host_reads += 1
                 return original(tensor, *args, **kwargs)
             return read
@@ -418,7 +425,7 @@ class Watcher:
             with contextlib.suppress(Exception):   # the user's error is the one to report
                 interval.drop_unfinished_step()
                 if interval.steps:
-                    log_interval(run, interval, _lr(run.optimizer))
+                    self._log()
                 flush_interval(run, interval)
         device = self.device or torch.device("cpu")
         run.finish(state, read_rng=lambda: ckpt.rng_state(device),
@@ -479,6 +486,11 @@ def _as_batch(args, kwargs):
 
 
 def _samples_in(args, kwargs) -> int:
+    first = args[0] if args else None
+    if isinstance(first, (tuple, list)) and first:   # a batch: [inputs, targets]
+        first = first[0]
+    if isinstance(first, torch.Tensor) and first.dim():   # the common case, cheaply
+        return first.shape[0]
     try:
         return batch_len(args if args else dict(kwargs))
     except Exception:
