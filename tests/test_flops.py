@@ -157,6 +157,7 @@ def test_a_model_the_counter_cannot_run_still_trains(blobs, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("no FLOPs here")
     monkeypatch.setattr(flops, "flops_per_batch", broken)
+    monkeypatch.setattr(flops, "_COUNTED_BEFORE", {})   # nothing counted before
     run = nt.fit(mlp(), blobs, F.cross_entropy, config=quick(max_steps=10), progress=False)
     assert run.state == "finished"
     assert run.resolved["flops_per_step"][0] is None
@@ -200,3 +201,16 @@ def test_the_dashboard_table_shows_the_last_mfu(blobs, monkeypatch):
         slot.take(record)
     row = dict(zip(dashboard.TABLE_HEAD, dashboard._table_row(slot)))
     assert row["MFU"] == f"{run.records('train')[-1]['mfu']:.1%}"
+
+
+def test_a_rerun_with_the_same_model_and_batch_shape_is_not_counted_again(blobs, monkeypatch):
+    monkeypatch.setattr(flops, "_COUNTED_BEFORE", {})
+    calls = []
+    real = flops.flops_per_batch
+    monkeypatch.setattr(flops, "flops_per_batch", lambda *a: calls.append(1) or real(*a))
+    first = nt.fit(mlp(), blobs, F.cross_entropy, config=quick(max_steps=2), progress=False)
+    again = nt.fit(mlp(), (blobs[0].clone(), blobs[1].clone()), F.cross_entropy,   # new objects
+                   config=quick(max_steps=2), progress=False)
+    assert len(calls) == 1
+    assert again.resolved["flops_per_step"][0] == first.resolved["flops_per_step"][0]
+    assert "counted before in this process" in again.resolved["flops_per_step"][1]

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import nbtrain as nt
 from nbtrain.config import ConfigError
-from nbtrain.watch import Watcher
+from nbtrain.watcher import Watcher
 
 
 def data(n=256, features=16):

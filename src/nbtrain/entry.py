@@ -7,7 +7,7 @@ for every engine.
     fit -> prepare (prepare.py: every "auto" resolved, every part built)
         -> loop.train_safely (this process) | distributed's ranks | Ray Train's workers
 
-watch wraps a loop the user wrote: the own-loop engine (watch.py) feeds the same Run.
+watch wraps a loop the user wrote: the own-loop engine (watcher.py) feeds the same Run.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from .config import ConfigError, TrainConfig, as_config
 from .prepare import prepare
 from .run import Run
 from .schedule import Schedule
-from .watch import Watcher, own_loop_config
+from .watcher import Watcher, own_loop_config
 
 
 def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, *,
@@ -85,7 +85,7 @@ class watch:
     ...         loss.backward(); opt.step()
     >>> print(run.summary_text())
 
-    `settings`: the TrainConfig fields that apply to someone else's loop (watch.py's
+    `settings`: the TrainConfig fields that apply to someone else's loop (watcher.py's
     OWN_LOOP_FIELDS: amp, batched_fetch, optimizer_impl, log_every, count_flops, ...);
     one the loop decides (epochs, lr, optimizer, ...) is a ConfigError. `optimize=False`
     only watches: the loop runs exactly as written. `progress` as in fit. `run.stop()`,

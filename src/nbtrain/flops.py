@@ -244,16 +244,28 @@ def cpu_model() -> str:
 
 
 # -- what the loop asks for ------------------------------------------------------------------
+_COUNTED_BEFORE: dict = {}   # FLOPs per batch, by what they depend on (see resolve's key)
+
+
 def resolve(model, loss_fn, load_batch, amp: str, device: torch.device, accum: int,
-            threads: int) -> dict:
+            threads: int, key=None) -> dict:
     """run.resolved's "flops_per_step" and "peak_tflops", each (value, why). Neither may
     stop a run: a batch that cannot load, or a model the counter cannot run, fails
-    properly (with its culprit) at the first step. `load_batch()`: the first batch, moved."""
+    properly (with its culprit) at the first step. `load_batch()`: the first batch, moved.
+    `key`: what the count depends on (layers, parameter and batch shapes); a run with a
+    key counted before in this process (a re-run cell) is not counted again."""
     resolved = {}
     try:
-        flops = flops_per_batch(model, loss_fn, load_batch(), amp, device) * accum
-        resolved["flops_per_step"] = (flops, f"{flops / 1e9:.4g} GFLOP: {COUNTED}, counted on "
-                                             f"one batch x {accum} (FlopCounterMode)")
+        cache_key = None if key is None else (key, _name_of(loss_fn), amp, str(device))
+        counted = _COUNTED_BEFORE.get(cache_key) if cache_key is not None else None
+        per_batch = counted or flops_per_batch(model, loss_fn, load_batch(), amp, device)
+        if cache_key is not None:
+            _COUNTED_BEFORE[cache_key] = per_batch
+        flops = per_batch * accum
+        how = "counted before in this process for this model and batch shape" if counted \
+            else "counted on one batch"
+        resolved["flops_per_step"] = (flops, f"{flops / 1e9:.4g} GFLOP: {COUNTED}, {how} "
+                                             f"x {accum} (FlopCounterMode)")
     except Exception as exc:
         resolved["flops_per_step"] = (None, f"not counted ({type(exc).__name__}: {exc})")
     prec = precision(amp, device)
@@ -277,3 +289,7 @@ def rate_fields(record: dict, resolved: dict) -> dict:
 def percent(mfu: float) -> str:
     """An MFU as people read it: 12%, or 0.4% where a whole percent would say 0%."""
     return f"{mfu:.0%}" if mfu >= 0.095 else f"{mfu:.1%}"
+
+
+def _name_of(fn) -> str:
+    return "" if fn is None else getattr(fn, "__qualname__", type(fn).__qualname__)

@@ -26,7 +26,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from .config import (FACTORY_FIELDS, FIELD_NAMES, GROUPS, SETTINGS, ConfigError, TrainConfig,
                      rejection, settings_in)
 from .kinds import AUTO_FLAG, Flag, text_of
-from .watch import OWN_LOOP_FIELDS
+from .watcher import OWN_LOOP_FIELDS
 
 _DEFAULTS = TrainConfig()   # the help quotes these, so it cannot drift from the config
 _MISSING = object()
@@ -195,7 +195,7 @@ class FastTrainMagics(Magics):
 
     def _run_watched(self, cell: str, watch):
         """Run the cell; its error (shown by IPython as in any cell) ends the watch."""
-        from .watch import StopWatching
+        from .watcher import StopWatching
         shell = self.shell
         saved = shell.custom_exceptions, shell.CustomTB
         shell.set_custom_exc((StopWatching,), lambda *args, **kwargs: None)   # a quiet end

@@ -113,7 +113,8 @@ def prepare(run: Run, model, train_data, loss_fn, val_data, state=None,
     if cfg.count_flops:   # after amp and threads: the peak is the run's precision's and cores'
         run.resolved.update(flops.resolve(
             model, loss_fn, lambda: load_first_batch(setup), setup.amp, device,
-            cfg.grad_accum_steps, run.resolved["num_threads"][0]))
+            cfg.grad_accum_steps, run.resolved["num_threads"][0],
+            key=architecture(model, setup.batches)))
     run.equip(model=model,
               optimizer=build_optimizer(model, cfg, run.resolved["optimizer_impl"][0]),
               schedule=Schedule(cfg, total_steps),

@@ -404,8 +404,9 @@ class Watcher:
 
     def _count_flops(self, model, args, kwargs) -> None:
         batch, loss_fn = _as_batch(args, kwargs)
-        self.run.resolved.update(flops.resolve(model, loss_fn, lambda: batch, self.amp,
-                                               self.device, 1, torch.get_num_threads()))
+        self.run.resolved.update(flops.resolve(
+            model, loss_fn, lambda: batch, self.amp, self.device, 1, torch.get_num_threads(),
+            key=("watch", _architecture(model, args, kwargs))))
 
     # -- the end ------------------------------------------------------------------------------
     def finish(self, exc: Optional[BaseException]) -> bool:
