@@ -24,3 +24,17 @@ def test_readme_table_names_no_setting_that_does_not_exist():
     first_column = re.findall(r"^\| ([^|]+) \|", toggles_table(), flags=re.M)
     named = {n for cell in first_column for n in re.findall(r"`(\w+)`", cell)}
     assert named <= set(SETTINGS), named - set(SETTINGS)
+
+
+def _example_under(heading: str) -> str:
+    """The first ```python block after `heading` in the README."""
+    text = README.read_text().split(heading, 1)[1]
+    return text.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readmes_own_loop_example_runs_and_watches_every_step(capsys):
+    namespace = {}
+    exec(compile(_example_under("## Your own loop"), "README.md", "exec"), namespace)
+    run = namespace["run"]
+    assert run.state == "finished" and run.step == 3 * len(namespace["loader"])
+    assert "batched_fetch" in capsys.readouterr().out
