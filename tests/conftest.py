@@ -45,6 +45,21 @@ class Samples(torch.utils.data.Dataset):
 
 
 @pytest.fixture
+def bf16_cpu(monkeypatch):
+    """This CPU as one with avx512_bf16 on which bf16 measures 1.5x faster, on any machine
+    (CPU autocast runs bf16 everywhere, only slower without the instructions): "auto"
+    takes the bf16 path, its probes included, in this process and in the ranks (the
+    NBTRAIN_ variables travel with a run's payload), so what breaks a bf16 machine fails
+    CI too, and no choice depends on a timing."""
+    from nbtrain import devices
+    monkeypatch.setenv("NBTRAIN_CPU_BF16", "avx512_bf16")
+    monkeypatch.setenv("NBTRAIN_BF16_GAIN", "1.5")
+    devices.cpu_bf16_feature.cache_clear()
+    yield
+    devices.cpu_bf16_feature.cache_clear()   # the next call reads the environment put back
+
+
+@pytest.fixture
 def torch_threads(request):
     """torch's thread count set to the test's parameter (indirect=True), then back."""
     before = torch.get_num_threads()

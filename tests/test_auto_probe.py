@@ -11,6 +11,9 @@ from nbtrain import probe
 
 from conftest import mlp, quick
 
+# what a CPU with avx512_bf16 does, on any CPU (conftest.bf16_cpu)
+pytestmark = pytest.mark.usefixtures("bf16_cpu")
+
 
 class Rows(torch.utils.data.Dataset):
     """A per-sample dataset whose __getitem__ waits `sleep_s`, as a read from disk would."""
@@ -51,8 +54,9 @@ def probed(model, data, **cfg):
 
 
 def test_a_dataset_that_waits_on_io_gets_workers_and_the_reasons_give_the_rates():
-    # 8 x 2 ms of waiting per batch: two workers wait side by side, the step is tiny
-    resolved = probed(mlp(), Rows(4000, sleep_s=0.002), batch_size=8)
+    # 8 x 2 ms of waiting per batch: two workers wait side by side, the step is tiny; a
+    # run of 10 epochs (5,000 steps) pays for measuring them
+    resolved = probed(mlp(), Rows(4000, sleep_s=0.002), batch_size=8, epochs=10)
     workers, why = resolved["num_workers"]
     assert workers > 0, why
     assert why.startswith("measured ms/step by workers 0: ") and " ms, 1: " in why
@@ -60,38 +64,54 @@ def test_a_dataset_that_waits_on_io_gets_workers_and_the_reasons_give_the_rates(
     assert resolved["num_threads"][1].startswith(f"measured ms/step by threads with {workers} worker")
 
 
-def test_a_cheap_dataset_keeps_loading_in_the_training_process():
-    # 8 batches an epoch: starting workers costs more than they could save
-    workers, why = probed(mlp(), Rows(256), batch_size=32)["num_workers"]
-    assert workers == 0 and why.startswith("measured ms/step by workers 0: ")
+def test_a_cheap_dataset_keeps_loading_in_the_training_process(fresh_probe):
+    # a short run, or loading a batch takes a small share of a step: no worker is started
+    # to find out, and the loading stays the plain loop's
+    for epochs in (1, 1000):
+        workers, why = probed(mlp(), Rows(256), batch_size=32, epochs=epochs)["num_workers"]
+        assert workers == 0 and why.startswith("the plain loop's: loading in this process ("), why
+
+
+@pytest.mark.parametrize("torch_threads", [2], indirect=True)
+def test_a_run_too_short_to_pay_for_measuring_keeps_the_rules_and_says_so(torch_threads, blobs):
+    resolved = probed(mlp(), blobs, epochs=1)   # 16 steps of well under a millisecond
+    threads, why = resolved["num_threads"]
+    assert threads == 2 and "run too short to measure: 16 steps of about" in why, why
+
+
+def test_the_same_data_in_a_new_object_is_not_measured_again(fresh_probe):
+    model = mlp()
+    first = probed(model, Rows(256, sleep_s=0.001), batch_size=32, epochs=1000)
+    again = probed(model, Rows(256, sleep_s=0.001), batch_size=32, epochs=1000)   # a re-run cell
+    assert len(fresh_probe) == 1 and "measured earlier in this session" in again["num_workers"][1]
+    probed(model, Rows(300, sleep_s=0.001), batch_size=32, epochs=1000)   # other data
+    assert len(fresh_probe) == 2 and first["num_workers"][0] == again["num_workers"][0]
 
 
 def test_the_measurement_is_reused_until_the_load_changes_a_lot(monkeypatch, fresh_probe):
     load = [0.5]
     monkeypatch.setattr(probe.os, "getloadavg", lambda: (load[0], load[0], load[0]))
-    model, data = mlp(), Rows(256)
-    first = probed(model, data, batch_size=32)
-    again = probed(model, data, batch_size=32)
+    model, data = mlp(), Rows(256, sleep_s=0.001)
+    first = probed(model, data, batch_size=32, epochs=1000)
+    again = probed(model, data, batch_size=32, epochs=1000)
     assert len(fresh_probe) == 1 and "measured earlier in this session" in again["num_workers"][1]
     assert again["num_workers"][0] == first["num_workers"][0]
     load[0] = 0.9   # a small change: still measured earlier
-    probed(model, data, batch_size=32)
+    probed(model, data, batch_size=32, epochs=1000)
     assert len(fresh_probe) == 1
     load[0] = 4.0   # others now busy on the cores: measured again
-    busy = probed(model, data, batch_size=32)
+    busy = probed(model, data, batch_size=32, epochs=1000)
     assert len(fresh_probe) == 2 and "load 4.0 on" in busy["num_workers"][1]
     assert "measured earlier" not in busy["num_workers"][1]
-    probed(model, Rows(256), batch_size=32)   # another dataset: its own measurement
-    assert len(fresh_probe) == 3
 
 
 def test_the_probe_leaves_no_trace(fresh_probe):
-    model, data = mlp(dropout=0.5), Rows(256)
+    model, data = mlp(dropout=0.5), Rows(256, sleep_s=0.001)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     draws = []
     for _ in range(2):   # measured, then taken from the cache: the same run either way
         torch.manual_seed(5)
-        probed(model, data, batch_size=32)
+        probed(model, data, batch_size=32, epochs=1000)
         draws.append(torch.rand(1))
     assert len(fresh_probe) == 1 and torch.equal(*draws)
     assert all(p.grad is None for p in model.parameters())
@@ -100,7 +120,7 @@ def test_the_probe_leaves_no_trace(fresh_probe):
 
 @pytest.mark.parametrize("torch_threads", [2], indirect=True)
 def test_tensors_keep_batched_fetch_and_measure_only_threads(torch_threads, blobs, fresh_probe):
-    resolved = probed(mlp(), blobs)
+    resolved = probed(mlp(), blobs, epochs=1000)
     assert resolved["num_workers"][0] == 0 and "batched fetch" in resolved["num_workers"][1]
     threads, why = resolved["num_threads"]
     assert threads in (1, 2) and why.startswith("measured ms/step by threads with 0 worker(s) 2: ")

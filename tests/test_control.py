@@ -34,11 +34,18 @@ def test_ctrl_c_stops_at_the_step_boundary(blobs, monkeypatch):
         if record.get("kind") == "train" and record["step"] == 7:
             os.kill(os.getpid(), signal.SIGINT)
     monkeypatch.setattr(nt.Run, "emit", emit_then_press_ctrl_c)
-    run = nt.fit(mlp(), blobs, F.cross_entropy, config=quick(max_steps=50, log_every=1),
-                 progress=False)
+    # the tests may start with SIGINT ignored (a background job, nohup): a handler must be
+    # there for the press to reach the run, and the one before the fit must come back
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        run = nt.fit(mlp(), blobs, F.cross_entropy, config=quick(max_steps=50, log_every=1),
+                     progress=False)
+        restored = signal.getsignal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, before)
     # records arrive an interval late: step 7's is emitted as step 8 closes its interval
     assert run.state == "interrupted" and run.step == 8
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # handler restored
+    assert restored is signal.default_int_handler   # the handler before the fit, again
 
 
 def test_keyboard_interrupt_inside_a_step_returns_an_interrupted_run(blobs):
@@ -280,3 +287,29 @@ def test_a_record_shows_the_lr_its_steps_ran_with(blobs):
                               count_flops=False))
     lrs = {r["step"]: r["lr"] for r in run.records("train")}
     assert lrs[16] == 0.01 and lrs[20] == 0.5
+
+
+def test_ctrl_c_while_fit_measures_its_settings_returns_an_interrupted_run(blobs, monkeypatch):
+    """The first fit on a machine measures for seconds before step 1 (threads, workers,
+    bf16, FLOPs): a press then ends it as one during training does, nothing trained."""
+    from nbtrain import prepare
+
+    def press_while_measuring(run, setup, model, key):
+        os.kill(os.getpid(), signal.SIGINT)
+        raise AssertionError("the press did not arrive")
+    monkeypatch.setattr(prepare, "settle_workers_and_threads", press_while_measuring)
+    model = mlp()
+    before = [p.detach().clone() for p in model.parameters()]
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        run = nt.fit(model, blobs, F.cross_entropy, progress=False,
+                     config=quick(max_steps=50, num_threads="auto", count_flops=False))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert run.state == "interrupted" and run.step == 0 and run.model is model
+    assert "interrupted before step 1" in run.message
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    monkeypatch.undo()
+    again = nt.fit(model, blobs, F.cross_entropy, progress=False, resume=run,
+                   config=quick(max_steps=5, count_flops=False))   # fit again: a fresh start
+    assert again.state == "finished" and again.step == 5

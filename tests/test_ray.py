@@ -17,6 +17,9 @@ from nbtrain import checkpoint as ckpt
 from nbtrain.config import ConfigError
 from test_processes import digits_like, mlp, poisoned, sgd   # the local 2-process tests'
 
+# what a CPU with avx512_bf16 does, on any CPU (conftest.bf16_cpu)
+pytestmark = pytest.mark.usefixtures("bf16_cpu")
+
 ray = pytest.importorskip("ray", reason='Ray is not installed: pip install "nbtrain[ray]"')
 pytest.importorskip("ray.train.torch", reason='Ray Train is not installed: pip install "nbtrain[ray]"')
 

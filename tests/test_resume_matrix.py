@@ -24,6 +24,9 @@ from nbtrain.data.batches import LoaderBatches
 
 from conftest import EndsOnce, Samples, mlp, quick, same_state
 
+# what a CPU with avx512_bf16 does, on any CPU (conftest.bf16_cpu)
+pytestmark = pytest.mark.usefixtures("bf16_cpu")
+
 STEPS, CUT = 24, 11   # a run of 24 steps (16 batches an epoch), ended at step 11
 
 
@@ -129,7 +132,7 @@ def _measured_here(monkeypatch, workers: int, threads: int, amp: str) -> None:
         return setup.batches
     monkeypatch.setattr(prepare, "settle_workers_and_threads", settle)
     monkeypatch.setattr(prepare, "resolve_amp", lambda requested, device: (amp, "CPU has amx_bf16"))
-    monkeypatch.setattr(prepare, "cpu_bf16_choice", lambda step, key: (amp, f"measured {amp}"))
+    monkeypatch.setattr(prepare, "cpu_bf16_choice", lambda step, key, may_measure="": (amp, f"measured {amp}"))
 
 
 @pytest.mark.parametrize("path", ["tensors", "dataset"])

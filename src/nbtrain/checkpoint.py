@@ -232,6 +232,8 @@ def state_to_resume(resume) -> Optional[dict]:
     if resume is None:
         return None
     if hasattr(resume, "state_dict") and hasattr(resume, "history"):   # a Run
+        if resume.optimizer is None:   # interrupted before step 1: nothing to continue
+            return None
         return resume.state_dict()
     resume = checkpoint_path(resume) or resume
     if isinstance(resume, (str, bytes)) or hasattr(resume, "__fspath__"):

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
+import json
 import os
 import platform
 import time
@@ -70,7 +72,11 @@ def cpuinfo(field: str) -> Optional[str]:
 @functools.lru_cache(maxsize=None)
 def cpu_bf16_feature() -> str:
     """The CPU flag that makes bf16 matmuls fast here ('' when there is none; without
-    /proc: macOS, where Apple silicon's bf16 autocast is slow, and Windows)."""
+    /proc: macOS, where Apple silicon's bf16 autocast is slow, and Windows).
+    $NBTRAIN_CPU_BF16 names one instead: the tests make any CPU take the bf16 path (CPU
+    autocast runs bf16 everywhere, only slower without the instructions)."""
+    if os.environ.get("NBTRAIN_CPU_BF16") is not None:
+        return os.environ["NBTRAIN_CPU_BF16"]
     flags = (cpuinfo("flags") or "").split()
     for flag in ("amx_bf16", "avx512_bf16"):
         if flag in flags:
@@ -111,22 +117,57 @@ MIN_BF16_GAIN = 1.1
 _BF16_GAINS = {}   # (architecture, batch shapes) -> measured gain, for this process
 
 
-def cpu_bf16_choice(step, key) -> Choice:
+def cpu_bf16_choice(step, key, may_measure: str = "") -> Choice:
     """'auto' on a bf16-capable CPU: measure this model's step both ways, keep the faster.
 
-    Measured once per architecture and batch shape: re-running a cell costs nothing.
+    Measured once per architecture and batch shape on a machine, and kept on disk: a
+    re-run cell, a second run or another process (the ranks of processes=N, Ray's
+    workers) takes the same answer, so two runs of one config cannot differ because a
+    timing came out otherwise. $NBTRAIN_BF16_GAIN gives the gain instead of measuring it.
+    `may_measure`: '' to measure when nothing is known; else why not (a run too short to
+    pay for it), and fp32 is the safe choice.
     """
     flag = cpu_bf16_feature()
-    if key not in _BF16_GAINS:
-        try:
-            _BF16_GAINS[key] = measure_bf16_speedup(step)
-        except Exception as exc:   # the real first step will report the problem properly
-            return "off", f"could not measure bf16 on this model ({type(exc).__name__})"
-    gain = _BF16_GAINS[key]
+    try:
+        gain, source = _bf16_gain(step, key, measure=not may_measure)
+        if gain is None:
+            return "off", f"CPU has {flag}, but bf16 is not measured on this model ({may_measure}): fp32"
+    except Exception as exc:   # the real first step will report the problem properly
+        return "off", f"could not measure bf16 on this model ({type(exc).__name__})"
     if gain >= MIN_BF16_GAIN:
-        return "bf16", f"CPU has {flag}; measured {gain:.2f}x faster than fp32 on this model"
-    return "off", (f"CPU has {flag}, but bf16 measured {gain:.2f}x of fp32 speed on this "
+        return "bf16", f"CPU has {flag}; {source} {gain:.2f}x faster than fp32 on this model"
+    return "off", (f"CPU has {flag}, but bf16 {source} {gain:.2f}x of fp32 speed on this "
                    "model (too small to gain)")
+
+
+def _bf16_gain(step, key, measure: bool = True) -> Tuple[Optional[float], str]:
+    """(fp32 time / bf16 time, how it is known) for `key` on this machine; (None, '')
+    when it is not known and not to be measured."""
+    if os.environ.get("NBTRAIN_BF16_GAIN"):
+        return float(os.environ["NBTRAIN_BF16_GAIN"]), "given ($NBTRAIN_BF16_GAIN)"
+    if key in _BF16_GAINS:
+        return _BF16_GAINS[key], "measured"
+    path = _gain_file(key)
+    try:
+        _BF16_GAINS[key] = json.loads(path.read_text())["gain"]
+        return _BF16_GAINS[key], "measured (earlier, on this machine)"
+    except (OSError, ValueError, KeyError):   # never measured here, or damaged: measure
+        pass
+    if not measure:
+        return None, ""
+    gain = _BF16_GAINS[key] = measure_bf16_speedup(step)
+    from .files import atomic_write
+    with contextlib.suppress(OSError), atomic_write(path, "w") as f:   # a read-only home
+        json.dump({"gain": gain, "key": repr(key)[:2000]}, f)
+    return gain, "measured"
+
+
+def _gain_file(key):
+    from .files import cache_dir
+    machine = (repr(key), cpuinfo("model name"), platform.node(), torch.__version__,
+               torch.get_num_threads())
+    digest = hashlib.sha256(repr(machine).encode()).hexdigest()[:20]
+    return cache_dir() / "bf16" / f"{digest}.json"
 
 
 def autocast_context(amp: str, device: torch.device):

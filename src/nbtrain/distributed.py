@@ -96,7 +96,8 @@ def prepare(run: Run, model, train_data, loss_fn, val_data, state, schedule,
                           "device='cpu'.", field="processes")
     _prepare_here(run, model, train_data, state, world)
     payload = dict(model=model, train_data=train_data, loss_fn=loss_fn, val_data=val_data,
-                   config=cfg, state=state, schedule=schedule, timeout_s=RANK_TIMEOUT_S)
+                   config=cfg, state=state, schedule=schedule, timeout_s=RANK_TIMEOUT_S,
+                   env=nbtrain_environment())
 
     def begin():
         ranks = Ranks(world, payload) if start is None else start(payload)
@@ -198,6 +199,12 @@ class Ranks:
                 return (f"rank {rank} of {self.world} {how} without a word (out of memory? "
                         "a crash in native code?); the other ranks were stopped")
         return None
+
+
+def nbtrain_environment() -> dict:
+    """The notebook's NBTRAIN_* variables (the cache folder, the tests' bf16 settings),
+    for the ranks: forkserver children and Ray's workers start with another environment."""
+    return {name: value for name, value in os.environ.items() if name.startswith("NBTRAIN_")}
 
 
 @contextlib.contextmanager
@@ -539,6 +546,7 @@ def run_rank(rank: int, world: int, blob: bytes, messages, requests, join, leave
     started = False
     try:
         payload = unpack(blob)
+        os.environ.update(payload.get("env", {}))   # a forkserver's child has the server's
         cfg: TrainConfig = payload["config"]
         share = _share_cores(cfg, world)
         device, _ = resolve_device(cfg.device)

@@ -61,7 +61,10 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
         release_previous_run()
     run = Run(cfg)
     _remember(run)
-    begin = _engine(run, model, train_data, loss_fn, val_data, state, schedule)
+    try:
+        begin = _engine(run, model, train_data, loss_fn, val_data, state, schedule)
+    except KeyboardInterrupt:   # Ctrl-C while measuring: a run that never started
+        return _interrupted_before_step_1(run, model)
     attach_hooks(run, schedule, on_start, progress)
     _claim(model, run)
     train = begin()
@@ -146,6 +149,17 @@ def _engine(run: Run, model, train_data, loss_fn, val_data, state, schedule) -> 
     else:
         torch.manual_seed(run.config.seed)   # dropout and friends repeat; data order has its own RNG
     return lambda: functools.partial(loop.train_safely, run, setup)
+
+
+def _interrupted_before_step_1(run: Run, model) -> Run:
+    """The Run of a fit interrupted during its setup (the probes take seconds on a first
+    fit): "interrupted" at step 0, as one interrupted during training is, the model's
+    weights untouched (the probes restore what they change: memory.leaves_no_trace)."""
+    run.equip(model=model)
+    run.finish("interrupted", read_rng=lambda: ckpt.rng_state(),
+               message="interrupted before step 1, while resolving the settings; "
+                       "nothing was trained: fit again to start")
+    return run
 
 
 def _config_from(config, state, resume=None) -> TrainConfig:

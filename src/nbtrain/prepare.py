@@ -4,7 +4,9 @@ the optimizer built only once every check has passed.
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -21,7 +23,7 @@ from .devices import autocast_context, cpu_bf16_choice, resolve_amp, resolve_dev
 from .losses import outputs_and_loss
 from .memory import checkpointed_forward, leaves_no_trace
 from .optim import build_optimizer, resolve_impl
-from .probe import settle_workers_and_threads
+from .probe import BUDGET_SHARE, settle_workers_and_threads
 from .run import Run
 from .schedule import Schedule
 
@@ -103,23 +105,63 @@ def prepare(run: Run, model, train_data, loss_fn, val_data, state=None,
     if val_batches is not None:
         setup.val_move = make_mover(device, val_resolved["pin_memory"][0],
                                     val_resolved["data_on_device"][0], cfg.channels_last)
-    if cfg.amp == "auto" and "amp" not in kept and setup.amp == "bf16" and device.type == "cpu":
-        run.resolved["amp"] = cpu_bf16_choice(lambda amp: probe_step(model, setup, amp),
-                                              key=architecture(model, batches))
-        setup.amp = run.resolved["amp"][0]
-    if not kept.keys() & {"num_workers", "num_threads"}:
-        setup.batches = shard(settle_workers_and_threads(
-            run, setup, model, key=lambda: architecture(model, batches)))
-    if cfg.count_flops:   # after amp and threads: the peak is the run's precision's and cores'
-        run.resolved.update(flops.resolve(
-            model, loss_fn, lambda: load_first_batch(setup), setup.amp, device,
-            cfg.grad_accum_steps, run.resolved["num_threads"][0],
-            key=architecture(model, setup.batches)))
+    _measure(run, setup, model, kept, shard)
     run.equip(model=model,
               optimizer=build_optimizer(model, cfg, run.resolved["optimizer_impl"][0]),
               schedule=Schedule(cfg, total_steps),
               scaler=torch.amp.GradScaler(device.type, enabled=setup.amp == "fp16"))
     return setup
+
+# -- the timed "auto" choices: a small share of the run they serve -----------------------------
+BF16_PROBE_STEPS = 8   # devices.measure_bf16_speedup: a warm-up and 3 timed steps per precision
+
+
+def _measure(run: Run, setup: Setup, model, kept: dict, shard: Callable) -> None:
+    """bf16, then workers and threads, then the FLOP count and the peak (after both: the
+    peak is the run's precision's and cores'); what each took in run.resolved["setup_s"]."""
+    cfg, device, parts = run.config, setup.device, {}
+    with _timed(parts, "bf16 probe"):
+        if cfg.amp == "auto" and "amp" not in kept and setup.amp == "bf16" \
+                and device.type == "cpu":
+            run.resolved["amp"] = cpu_bf16_choice(
+                lambda amp: probe_step(model, setup, amp), key=architecture(model, setup.batches),
+                may_measure=_pays_for(run, BF16_PROBE_STEPS))
+            setup.amp = run.resolved["amp"][0]
+    with _timed(parts, "workers/threads probe"):
+        if not kept.keys() & {"num_workers", "num_threads"}:
+            batches = setup.batches
+            setup.batches = shard(settle_workers_and_threads(
+                run, setup, model, key=lambda: architecture(model, batches)))
+    with _timed(parts, "FLOP count and peak"):
+        if cfg.count_flops:
+            run.resolved.update(flops.resolve(
+                model, setup.loss_fn, lambda: load_first_batch(setup), setup.amp, device,
+                cfg.grad_accum_steps, run.resolved["num_threads"][0],
+                key=architecture(model, setup.batches)))
+    total = sum(parts.values())
+    spent = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in parts.items()
+                      if seconds >= 0.005)
+    run.resolved["setup_s"] = (round(total, 3), "measuring before step 1: " + (
+        spent or "nothing to measure (cached, or asked for)"))
+
+
+def _pays_for(run: Run, steps: int) -> str:
+    """'' when measuring for about `steps` steps costs at most probe.BUDGET_SHARE of the
+    run; else why not ("run too short to measure ...")."""
+    planned = run.total_steps * run.config.grad_accum_steps
+    if steps <= BUDGET_SHARE * planned:
+        return ""
+    return f"run too short to measure: {planned} steps"
+
+
+@contextlib.contextmanager
+def _timed(parts: dict, name: str):
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        parts[name] = time.perf_counter() - start
+
 
 KEPT_WHY = "kept from the run being resumed"
 

@@ -6,7 +6,8 @@ loop: BERT-tiny on a map-style Dataset of small dict samples ran 1.12-1.29x slow
 processes busy on those cores torch's 2 threads collapsed (a CNN: 367 samples/s where
 1 thread ran 2,902). So "auto" times the candidate (workers, threads) pairs on the
 run's first batches, like the bf16 probe, and keeps the fastest. Measured once per
-model, dataset and machine, and again when the machine's load has changed a lot.
+model, data (what it is, not which object holds it) and machine, and again when the
+machine's load has changed a lot; never for longer than a small share of the run.
 """
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ import random
 import statistics
 import sys
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from .data import loader_batches, shippable, unwrapped, worker_settings
-from .data.batches import LoaderBatches, TensorBatches, stop_workers
+from .data.batches import LoaderBatches, TensorBatches, length_of, signature_of, stop_workers
 from .devices import autocast_context, available_cores, load_change_that_counts
 from .losses import outputs_and_loss
 from .memory import leaves_no_trace
@@ -45,31 +45,32 @@ class Measured:
     step_s: Dict[Pair, float]     # steady-state seconds per step (load + forward/backward)
     startup_s: Dict[int, float]   # starting that many workers, up to their first batch
     load: float                   # os.getloadavg()'s 1-minute figure while measuring
-    dataset: object = None        # a weak reference: an id is reused once its object is gone
 
 
-_MEASURED: Dict[tuple, Measured] = {}   # (model, dataset, machine, settings) -> Measured
+_MEASURED: Dict[tuple, Measured] = {}   # (model, data, machine, settings) -> Measured
 
 
-def settle_workers_and_threads(run, setup, model, key) -> None:
+def settle_workers_and_threads(run, setup, model, key):
     """Measure the candidate (workers, threads) pairs of a CPU run and record the fastest
     in run.resolved; returns the batches to train on: the loader rebuilt when the worker
     count changed. `key()`: what the step time depends on (the model's architecture and
-    the batch shapes)."""
+    the batch shapes). The measuring takes at most BUDGET_SHARE of the run it serves."""
     cfg, batches = run.config, setup.batches
     pairs = candidates(cfg, setup.device, batches)
     if len(pairs) < 2:
         return batches   # nothing to choose: the rules' values stand
-    key = (key(), _dataset_key(batches), tuple(pairs), setup.amp, cfg.prefetch_factor,
+    key = (key(), data_fingerprint(batches), tuple(pairs), setup.amp, cfg.prefetch_factor,
            cfg.multiprocessing_context, available_cores())
+    planned = run.total_steps * cfg.grad_accum_steps   # batches the run will step on
     try:
         found, cached = _measured(key, lambda: measure(batches, cfg, pairs, _trial_step(setup),
-                                                       model), _data_of(batches))
+                                                       model, planned))
+    except TooShort as short:   # the safe choice: loading as the plain loop loads
+        return _plain_loop_choice(run, batches, str(short))
     except Exception as exc:   # the real first step reports a broken sample or model properly
-        name = "num_workers" if isinstance(batches, LoaderBatches) else "num_threads"
-        value, why = run.resolved[name]
-        run.resolved[name] = (value, f"{why} (could not measure: {exc or type(exc).__name__})")
+        _keep_rules(run, batches, f"could not measure: {exc or type(exc).__name__}")
         return batches
+    pairs = [p for p in pairs if p in found.step_s]   # a short run times threads only
     batches_per_start = _batches_per_worker_start(run, batches)
     (workers, threads), reasons = choose(found, pairs, batches_per_start, cached)
     if isinstance(batches, LoaderBatches):
@@ -78,6 +79,30 @@ def settle_workers_and_threads(run, setup, model, key) -> None:
             batches = loader_batches(batches.dataset, cfg, workers, run.resolved["pin_memory"][0])
     run.resolved["num_threads"] = (threads, reasons["num_threads"])
     return batches
+
+
+def _plain_loop_choice(run, batches, why: str):
+    """Not measured: 0 workers (the plain loop's loading, which a worker's start-up
+    cannot lose to), torch's threads; the batches to train on."""
+    cfg = run.config
+    if isinstance(batches, LoaderBatches) and cfg.num_workers == "auto":
+        run.resolved["num_workers"] = (0, f"the plain loop's: loading in this process ({why})")
+        if batches.loader.num_workers:
+            batches = loader_batches(batches.dataset, cfg, 0, run.resolved["pin_memory"][0])
+        if cfg.num_threads == "auto":
+            run.resolved["num_threads"] = (torch.get_num_threads(), "torch's setting: no "
+                                           "worker process shares the cores with training")
+    else:
+        _keep_rules(run, batches, why)
+    return batches
+
+
+def _keep_rules(run, batches, why: str) -> None:
+    """No measurement: the rules' values stand, saying why."""
+    for name in ("num_workers", "num_threads") if isinstance(batches, LoaderBatches) \
+            else ("num_threads",):
+        value, rule = run.resolved[name]
+        run.resolved[name] = (value, f"{rule} ({why})")
 
 
 def candidates(cfg, device: torch.device, batches) -> List[Pair]:
@@ -130,26 +155,68 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms"
 
 
-def measure(batches, cfg, pairs: List[Pair], step, model) -> Measured:
+BUDGET_SHARE = 0.05     # of the run's own time: measuring must not make a short run slow
+WORKER_START_S = 0.3    # about what starting a worker count costs (bench: 0.2-0.5 s on 2 cores)
+WAITS_FOR_DATA = 0.25   # loading a batch that takes this share of a step: workers may pay
+
+
+class TooShort(Exception):
+    """Measuring would not pay for itself in this run; the message says why."""
+
+
+def measure(batches, cfg, pairs: List[Pair], step, model, planned: int = 10**9) -> Measured:
     """Time `step` on the first batches for each pair: workers started once per count
     (their start-up timed apart), pairs interleaved in ROUNDS, the median kept. Leaves
-    no trace: gradients, buffers, RNGs and torch's thread count as they were."""
+    no trace: gradients, buffers, RNGs and torch's thread count as they were.
+
+    Bounded by the run it serves (`planned` batches): the first steps estimate the run's
+    length, and the pairs measured cost at most BUDGET_SHARE of it. Worker counts are
+    timed only where loading a batch takes a real share of a step; a run too short for
+    even the thread counts raises TooShort."""
     load = os.getloadavg()[0]
     feeds = {}
     try:
         with _nothing_changes(model):
-            for w in sorted({w for w, _ in pairs}):
-                feeds[w] = Feed(batches, cfg, w)
+            feeds[0] = Feed(batches, cfg, 0)
             step(feeds[0].next())   # a warm-up step: first-call allocations
             one_step = min(_time_pair(feeds[0], t, step, 1) for t in {pairs[0][1], pairs[-1][1]})
             if one_step * ROUNDS * len(pairs) * 2 > MAX_PROBE_S:
                 raise TimeoutError(f"a step takes {_ms(one_step)}: too slow to probe")
+            pairs = _affordable(pairs, feeds[0], one_step, planned)
+            for w in sorted({w for w, _ in pairs} - {0}):
+                feeds[w] = Feed(batches, cfg, w)
             reps = max(1, min(8, int(BUDGET_S / (ROUNDS * len(pairs) * one_step)) - 1))
             step_s = _timed_rounds(feeds, pairs, step, reps)
     finally:
         for feed in feeds.values():
             feed.close()
     return Measured(step_s, {w: feed.startup_s for w, feed in feeds.items()}, load)
+
+
+def _affordable(pairs: List[Pair], feed, one_step: float, planned: int) -> List[Pair]:
+    """The pairs worth their cost: the run's own time is about `planned` steps of
+    `one_step`; worker counts only when loading a batch waits, and only when their
+    start-up and steps fit the budget. Raises TooShort when nothing worth measuring fits."""
+    budget = BUDGET_SHARE * planned * one_step
+    start = time.perf_counter()
+    feed.next()
+    load_s = time.perf_counter() - start   # one batch loaded in this process
+    threads = [p for p in pairs if p[0] == 0]
+
+    def cost(chosen) -> float:   # measure's timed rounds are capped at BUDGET_S
+        starts = len({w for w, _ in chosen} - {0})
+        return min(BUDGET_S, ROUNDS * len(chosen) * 2 * one_step) + WORKER_START_S * starts
+    waits = load_s >= WAITS_FOR_DATA * one_step
+    if waits and cost(pairs) <= budget:
+        return pairs
+    if len(threads) > 1 and cost(threads) <= budget:
+        return threads
+    if not waits and len(threads) < 2:
+        raise TooShort(f"loading a batch takes {_ms(load_s)} of a {_ms(one_step)} step: no "
+                       "worker would pay, nothing else to measure")
+    share = cost(pairs if waits else threads) / max(planned * one_step, 1e-9)
+    raise TooShort(f"run too short to measure: {planned} steps of about {_ms(one_step)} "
+                   f"(measuring would cost about {share:.0%} of them)")
 
 
 def _timed_rounds(feeds, pairs: List[Pair], step, reps: int) -> Dict[Pair, float]:
@@ -260,29 +327,47 @@ def _nothing_changes(model):
             numpy.random.set_state(np_state)
 
 
-def _measured(key: tuple, measure_now, dataset) -> Tuple[Measured, bool]:
-    """The cached measurement for `key` and `dataset` (True), or a new one (False) when
-    there is none or the load has since changed by more than half the cores (at least 1)."""
+def _measured(key: tuple, measure_now) -> Tuple[Measured, bool]:
+    """The cached measurement for `key` (True), or a new one (False) when there is none
+    or the load has since changed by more than half the cores (at least 1)."""
     found = _MEASURED.get(key)
-    if found is not None and found.dataset() is dataset \
-            and abs(os.getloadavg()[0] - found.load) <= load_change_that_counts():
+    if found is not None and abs(os.getloadavg()[0] - found.load) <= load_change_that_counts():
         return found, True
     found = _MEASURED[key] = measure_now()
-    found.dataset = _weak(dataset)
     return found, False
 
 
-def _weak(obj):
-    try:
-        return weakref.ref(obj)
-    except TypeError:   # no weak references to it (a tensor tuple's TensorBatches, __slots__)
-        return lambda: obj
-
-
-def _dataset_key(batches) -> tuple:
-    """The data's object (a rerun cell that builds a new one measures again)."""
+def data_fingerprint(batches) -> tuple:
+    """What the step time depends on in the data, not which object holds it: a cell that
+    builds the same Dataset again measures nothing again. The data's class, its length,
+    one sample's structure (shapes and dtypes), and for data read from files their paths,
+    sizes and modification times."""
+    if isinstance(batches, TensorBatches):
+        return ("tensors", tuple((tuple(t.shape), t.dtype) for t in batches.tensors))
     data = _data_of(batches)
-    return id(data), type(data).__qualname__, len(batches)
+    try:
+        sample = signature_of(data[0])
+    except Exception:   # an IterableDataset, or a sample that fails: the real step says so
+        sample = None
+    return (type(data).__module__, type(data).__qualname__, length_of(data), sample,
+            _files_of(data))
+
+
+def _files_of(data) -> tuple:
+    """(path, size, mtime) of the files a dataset names in its usual attributes."""
+    named = []
+    for attr in ("path", "paths", "files", "root", "filename", "filenames"):
+        value = getattr(data, attr, None)
+        values = value if isinstance(value, (list, tuple)) else [value]
+        named += [v for v in values[:1000] if isinstance(v, (str, os.PathLike))]
+    out = []
+    for path in named:
+        try:
+            stat = os.stat(path)
+            out.append((os.fspath(path), stat.st_size, stat.st_mtime_ns))
+        except OSError:
+            out.append((os.fspath(path), None, None))
+    return tuple(out)
 
 
 def _data_of(batches):
