@@ -101,6 +101,10 @@ def _input_fixes(resolved: dict) -> str:
 
 def _compute_fixes(resolved: dict) -> str:
     amp = _amp_to_try(resolved)
+    if _value(resolved, "loop") == "your own":   # nt.watch: what applies to your loop
+        tips = [f"nt.watch(amp='{amp}')"] if amp else []
+        return " / ".join(tips + ["model = torch.compile(model)",
+                                  "a larger batch_size in your DataLoader"])
     tips = [f"amp={amp}"] if amp else []
     tips += ["channels_last=True (conv nets)", "compile=True", "a larger batch_size"]
     return " / ".join(tips)

@@ -142,7 +142,7 @@ def _measure(run: Run, setup: Setup, model, kept: dict, shard: Callable) -> None
     spent = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in parts.items()
                       if seconds >= 0.005)
     run.resolved["setup_s"] = (round(total, 3), "measuring before step 1: " + (
-        spent or "nothing to measure (cached, or asked for)"))
+        spent or "nothing measured (cached, asked for, or the run too short to pay for it)"))
 
 
 def _pays_for(run: Run, steps: int) -> str:

@@ -62,6 +62,10 @@ def settle_workers_and_threads(run, setup, model, key):
     key = (key(), data_fingerprint(batches), tuple(pairs), setup.amp, cfg.prefetch_factor,
            cfg.multiprocessing_context, available_cores())
     planned = run.total_steps * cfg.grad_accum_steps   # batches the run will step on
+    fewest = _fewest_steps(pairs)
+    if planned * BUDGET_SHARE < fewest and key not in _MEASURED:   # not even worth timing a step
+        return _plain_loop_choice(run, batches, f"run too short to measure: {planned} steps "
+                                  f"(measuring takes about {fewest} steps)")
     try:
         found, cached = _measured(key, lambda: measure(batches, cfg, pairs, _trial_step(setup),
                                                        model, planned))
@@ -79,6 +83,13 @@ def settle_workers_and_threads(run, setup, model, key):
             batches = loader_batches(batches.dataset, cfg, workers, run.resolved["pin_memory"][0])
     run.resolved["num_threads"] = (threads, reasons["num_threads"])
     return batches
+
+
+def _fewest_steps(pairs: List[Pair]) -> int:
+    """The steps measuring the thread counts takes at the least: a warm-up, a step timed
+    per end of the range, then ROUNDS rounds of two steps per count."""
+    threads = [p for p in pairs if p[0] == 0]
+    return 5 + ROUNDS * 2 * len(threads)
 
 
 def _plain_loop_choice(run, batches, why: str):
