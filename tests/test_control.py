@@ -313,3 +313,24 @@ def test_ctrl_c_while_fit_measures_its_settings_returns_an_interrupted_run(blobs
     again = nt.fit(model, blobs, F.cross_entropy, progress=False, resume=run,
                    config=quick(max_steps=5, count_flops=False))   # fit again: a fresh start
     assert again.state == "finished" and again.step == 5
+
+
+@pytest.mark.parametrize("tool", ["lr_find", "profile"])
+def test_ctrl_c_in_a_tool_ends_it_with_what_it_has(tool, blobs, monkeypatch):
+    original = nt.Run.emit
+
+    def emit_then_press_ctrl_c(self, record, keep=True):
+        original(self, record, keep)
+        if record.get("kind") == "train" and record["step"] == 5:
+            os.kill(os.getpid(), signal.SIGINT)
+    monkeypatch.setattr(nt.Run, "emit", emit_then_press_ctrl_c)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        if tool == "lr_find":
+            result = nt.lr_find(mlp, blobs, F.cross_entropy, config=quick(), num_steps=40)
+        else:
+            result = nt.profile(mlp, blobs, F.cross_entropy, config=quick(log_every=1),
+                                steps=30, warmup=2)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert result.run.state == "interrupted" and result.run.step < 30

@@ -614,6 +614,12 @@ def _settings_text(run) -> str:
     def pick(name):
         return got.get(name, getattr(cfg, name))
 
+    if got.get("loop") == "your own":   # nt.watch: batch, optimizer and LR are the loop's
+        opt = getattr(run, "optimizer", None)
+        lr = f" lr={opt.param_groups[0]['lr']:g}" if opt is not None else ""
+        return (f"your loop: amp={pick('amp')} batched_fetch={pick('batched_fetch')} "
+                f"{type(opt).__name__ if opt is not None else ''}{lr} "
+                f"{pick('optimizer_impl') if 'optimizer_impl' in got else ''}").rstrip()
     sched = text_of(cfg.scheduler) + (f"+warmup {cfg.warmup_steps}" if cfg.warmup_steps else "")
     return (f"amp={pick('amp')} workers={pick('num_workers')} pin={pick('pin_memory')} "
             f"on_device={pick('data_on_device')} batch={cfg.batch_size} "

@@ -490,10 +490,12 @@ def _resolved_html(run) -> str:
         return ""
     rows = "".join(f"<tr><td style='padding:0 6px 0 0'><b>{html.escape(name)}</b></td>"
                    f"<td style='padding:0 6px 0 0'>{html.escape(str(value))}</td>"
-                   f"<td style='color:#666'>{html.escape(why)}</td></tr>"
+                   f"<td style='color:#666;white-space:normal;overflow-wrap:anywhere' "
+                   f"title='{html.escape(why, quote=True)}'>{html.escape(why)}</td></tr>"
                    for name, (value, why) in run.resolved.items())
     return (f"<div style='font-size:11px;line-height:1.35'>settings of the {html.escape(run.state)}"
-            f" run, with why \"auto\" chose them:<table style='border-collapse:collapse'>{rows}"
+            f" run, with why \"auto\" chose them:<table style='border-collapse:collapse;"
+            f"table-layout:auto;width:100%'>{rows}"
             f"</table></div>")
 
 

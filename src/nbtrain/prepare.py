@@ -118,8 +118,28 @@ BF16_PROBE_STEPS = 8   # devices.measure_bf16_speedup: a warm-up and 3 timed ste
 
 def _measure(run: Run, setup: Setup, model, kept: dict, shard: Callable) -> None:
     """bf16, then workers and threads, then the FLOP count and the peak (after both: the
-    peak is the run's precision's and cores'); what each took in run.resolved["setup_s"]."""
-    cfg, device, parts = run.config, setup.device, {}
+    peak is the run's precision's and cores'); what each took, and how often it called
+    your model (a loss or model that counts its calls sees these), in
+    run.resolved["setup_s"]."""
+    cfg, device, parts, calls = run.config, setup.device, {}, {}
+    counting = model.register_forward_pre_hook(   # calls of your model that are not steps
+        lambda module, args: calls.__setitem__(next(reversed(parts)), calls.get(
+            next(reversed(parts)), 0) + 1) if parts else None)
+    try:
+        _measure_parts(run, setup, model, kept, shard, parts)
+    finally:
+        counting.remove()
+    total = sum(parts.values())
+    spent = ", ".join(f"{name} {seconds:.2f} s" + (f" ({calls[name]} forward calls)"
+                                                    if calls.get(name) else "")
+                      for name, seconds in parts.items() if seconds >= 0.005 or calls.get(name))
+    run.resolved["setup_s"] = (round(total, 3), "measuring before step 1: " + (
+        spent or "nothing measured (cached, asked for, or the run too short to pay for it)"))
+
+
+def _measure_parts(run: Run, setup: Setup, model, kept: dict, shard: Callable,
+                   parts: dict) -> None:
+    cfg, device = run.config, setup.device
     with _timed(parts, "bf16 probe"):
         if cfg.amp == "auto" and "amp" not in kept and setup.amp == "bf16" \
                 and device.type == "cpu":
@@ -138,11 +158,6 @@ def _measure(run: Run, setup: Setup, model, kept: dict, shard: Callable) -> None
                 model, setup.loss_fn, lambda: load_first_batch(setup), setup.amp, device,
                 cfg.grad_accum_steps, run.resolved["num_threads"][0],
                 key=architecture(model, setup.batches)))
-    total = sum(parts.values())
-    spent = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in parts.items()
-                      if seconds >= 0.005)
-    run.resolved["setup_s"] = (round(total, 3), "measuring before step 1: " + (
-        spent or "nothing measured (cached, asked for, or the run too short to pay for it)"))
 
 
 def _pays_for(run: Run, steps: int) -> str:
@@ -156,6 +171,8 @@ def _pays_for(run: Run, steps: int) -> str:
 
 @contextlib.contextmanager
 def _timed(parts: dict, name: str):
+    """Time the block into parts[name]; the last key of `parts` is the part running."""
+    parts[name] = 0.0
     start = time.perf_counter()
     try:
         yield
