@@ -18,6 +18,10 @@
 - tests/browser/fasttrain_panel.ipynb runs `%%fasttrain --panel` in the same way: the
   dashboard's throughput, memory and LR charts must fill while the blocking cell still
   runs, and the cell's output must end with the summary table of a finished run.
+- tests/browser/own_loop_dashboard.ipynb runs `%%fasttrain --dashboard` on a cell with a
+  loop of its own: the charts fill while the cell runs; the kernel's interrupt (the
+  notebook's stop button) ends the loop at a step boundary, with no error shown, and the
+  next cell sees an interrupted Run that counted every step the loop made.
 - notebooks/00_quickstart.ipynb (outputs stripped) is run with "Run All Cells": every code
   cell must get an execution count, in order, and no output may be an error, a traceback
   on stderr or a widget that failed to display.
@@ -51,6 +55,7 @@ HERE = Path(__file__).parent
 HEADLESS_NOTEBOOK = HERE / "browser" / "panel_headless.ipynb"
 NOTEBOOK = HERE / "browser" / "panel_digits.ipynb"
 FASTTRAIN_NOTEBOOK = HERE / "browser" / "fasttrain_panel.ipynb"
+OWN_LOOP_NOTEBOOK = HERE / "browser" / "own_loop_dashboard.ipynb"
 QUICKSTART = HERE.parent / "notebooks" / "00_quickstart.ipynb"
 SHOTS = HERE / "browser" / "screenshots"
 README_SHOT = HERE.parent / "docs" / "panel.png"
@@ -153,7 +158,7 @@ def lab(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("lab")
     root = tmp_path / "root"
     root.mkdir()
-    for notebook in (NOTEBOOK, FASTTRAIN_NOTEBOOK):
+    for notebook in (NOTEBOOK, FASTTRAIN_NOTEBOOK, OWN_LOOP_NOTEBOOK):
         shutil.copy(notebook, root / notebook.name)
     port, token = _free_port(), secrets.token_hex(16)
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
@@ -629,3 +634,38 @@ def test_quickstart_runs_all_cells_in_jupyterlab(lab, page):
         _check_ran_cleanly(page, state)
     finally:   # the end of the notebook as it was left, also when a cell failed
         page.screenshot(path=str(SHOTS / "quickstart.png"))
+
+
+@needs_browser
+def test_an_own_loop_under_fasttrain_draws_live_and_the_stop_button_ends_it(lab, page):
+    _open(page, lab, OWN_LOOP_NOTEBOOK.name)
+    page.wait_for_function("""() => {
+      const cells = window.jupyterapp.shell.currentWidget.content.widgets;
+      const i = cells.findIndex((c) => c.model.sharedModel.getSource().startsWith('%%fasttrain'));
+      if (i >= 0) cells[i].node.setAttribute('data-nbtrain-test', String(i));
+      return i >= 0;
+    }""", timeout=30_000)
+    magic_cell = int(page.get_attribute("[data-nbtrain-test]", "data-nbtrain-test"))
+    root = "[data-nbtrain-test] .jp-OutputArea"
+    assert page.evaluate(START_RUN_ALL) == "started", "the kernel did not start within 90 s"
+    live, pressed = {}, []
+
+    def watch(state: dict) -> None:
+        cell = next(c for c in state["cells"] if c["index"] == magic_cell)
+        if state["runAll"] == "running" and cell["count"] is None:
+            counts = _points(page, root=root)
+            for name in CHARTS:
+                live[name] = max(live.get(name, 0), counts.get(name, 0))
+            if _enough(live) and not pressed:   # the charts grow: press the stop button
+                page.evaluate("() => window.jupyterapp.commands.execute("
+                              "'notebook:interrupt-kernel')")
+                pressed.append(time.monotonic())
+    state = _wait_run_all(page, 120, watch)
+    assert pressed, f"the charts did not fill while the loop ran: {live}"
+    _check_ran_cleanly(page, state)
+    cells = {c["index"]: c for c in state["cells"]}
+    texts = [o.get("text", "") for o in cells[magic_cell]["outputs"] if o["type"] == "stream"]
+    assert any(re.match(r"state\s+interrupted\n", t) for t in texts), texts
+    last = cells[magic_cell + 1]["outputs"][-1]
+    assert last.get("text", "").strip() == "interrupted True True", last
+    page.locator("[data-nbtrain-test]").screenshot(path=str(SHOTS / "own_loop_dashboard.png"))
