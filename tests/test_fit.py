@@ -214,9 +214,11 @@ def test_compile_when_asked():
     pytest.importorskip("torch._dynamo")
     model = nn.Linear(8, 3)
     run = nt.fit(model, (torch.randn(32, 8), torch.randint(0, 3, (32,))), F.cross_entropy,
-                 config=quick(compile=True, max_steps=2), progress=False)
+                 config=quick(compile=True, max_steps=2, log_every=1), progress=False)
     assert run.state == "finished"
     assert math.isfinite(run.records("train")[-1]["loss"])
+    assert run.resolved["compiles"][0] >= 1   # torch._dynamo's own count, read at the end
+    assert "compile_warmup_s" in run.summary() and "warm-up" in run.summary_text()
 
 
 def test_validation_runs_the_model_once_per_batch_without_a_loss_fn(blobs):

@@ -246,3 +246,21 @@ def test_diagnosis_advises_the_amp_this_machine_runs_fast(monkeypatch):
     assert "try amp=bf16" in _advice(monkeypatch, "cuda:0", ("off", "asked for"), bf16_gpu=True)
     assert "amp=" not in _advice(monkeypatch, "cuda:0", ("bf16", "GPU supports bf16"),
                                  bf16_gpu=True)
+
+
+def test_the_diagnosis_never_advises_a_setting_the_run_already_has():
+    on = {"device": ("cpu", ""), "amp": ("off", "asked for"), "compile": (True, "asked for"),
+          "channels_last": (True, "asked for")}
+    for fractions in (COMPUTE_BOUND, dict(COMPUTE_BOUND, mfu=0.05), dict(COMPUTE_BOUND, mfu=0.3)):
+        text = diagnosis.diagnose(fractions, on)
+        assert "compile=True" not in text and "channels_last=True" not in text, text
+    assert "compile=True" in diagnosis.diagnose(dict(COMPUTE_BOUND, mfu=0.05), {"device": ("cpu", "")})
+
+
+def test_a_compiled_runs_summary_reports_the_warm_up_apart():
+    from nbtrain.compiling import warmup_split
+    steady = dict(kind="train", steps=10, samples=640, interval_s=0.1, step_time_s=0.01)
+    first = dict(steady, interval_s=3.1, step_time_s=0.31)   # waited 3 s for the compiler
+    split = warmup_split([first, steady, steady, steady])
+    assert split["compile_warmup_s"] == pytest.approx(3.0)
+    assert split["steady_samples_per_s"] == pytest.approx(6400)

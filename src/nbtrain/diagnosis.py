@@ -20,7 +20,29 @@ NEAR_PEAK_MFU = 0.5
 def diagnose(fractions: dict, resolved: dict) -> str:
     """Name the bottleneck from the time split and suggest the toggle that targets it;
     then what a loop of your own spends that fit would not (nt.watch's counters)."""
-    return "; ".join([_bottleneck(fractions, resolved), *own_loop_findings(fractions)])
+    return "; ".join([_bottleneck(fractions, resolved), *own_loop_findings(fractions),
+                      *host_read_findings(resolved)])
+
+
+def host_read_findings(resolved: dict) -> list:
+    """Host reads per step that the run's settings imply (nt.watch counts a loop's own)."""
+    device = torch.device(str(_value(resolved, "device", "cpu")))
+    impl = _value(resolved, "optimizer_impl")
+    if _value(resolved, "amp") != "fp16" or device.type == "cpu" or impl == "fused" \
+            or _value(resolved, "loop") == "your own":
+        return []
+    # GradScaler.step reads its inf check back (found_inf.item() in _maybe_opt_step) unless
+    # the optimizer takes the check on the device (_step_supports_amp_scaling: torch's
+    # fused Adam, AdamW, SGD and Adagrad)
+    whose = "your optimizer, unless it is a fused one," if impl == "its own" else \
+        "a non-fused optimizer"
+    return [f"fp16 with {whose} reads the GradScaler's inf check back to the host every "
+            "step (each read waits for the queued kernels) - use optimizer_impl='fused' "
+            "(adam, adamw, sgd, adagrad)" + (" or amp='bf16'" if _gpu_bf16(device) else "")]
+
+
+def _gpu_bf16(device: torch.device) -> bool:
+    return device.type == "cuda" and gpu_has_bf16(device)
 
 
 def own_loop_findings(fractions: dict) -> list:
@@ -48,8 +70,12 @@ def _bottleneck(fractions: dict, resolved: dict) -> str:
     wait = fractions.get("data_wait_frac", 0.0)
     copy = fractions.get("copy_frac", 0.0)
     if wait >= INPUT_BOUND:
-        return f"input-bound: {wait:.0%} of each step waited for data - try " + \
-            _input_fixes(resolved)
+        # on CUDA the data wait is the GPU's idle time while the host fetched (a fetch
+        # hidden behind queued work costs nothing: telemetry.CudaTimer); the record then
+        # has the host's own time as host_fetch_s
+        waited = f"the GPU sat idle {wait:.0%} of each step waiting for data" \
+            if "host_fetch_s" in fractions else f"{wait:.0%} of each step waited for data"
+        return f"input-bound: {waited} - try " + _input_fixes(resolved)
     if copy >= INPUT_BOUND:
         return (f"copy-bound: {copy:.0%} of each step copied batches to the device - try "
                 "data_on_device=True or pin_memory=True")
@@ -63,8 +89,9 @@ def _bottleneck(fractions: dict, resolved: dict) -> str:
 
 def _mfu_diagnosis(mfu: float, resolved: dict) -> str:
     if mfu < LAUNCH_BOUND_MFU:
+        more = "" if _value(resolved, "compile") else " or compile=True"
         return (f"compute-bound at {percent(mfu)} MFU: the step is launch-bound (too little work "
-                "per kernel) - try a larger batch_size or compile=True")
+                f"per kernel) - try a larger batch_size{more}")
     if mfu >= NEAR_PEAK_MFU:
         return f"compute-bound at {percent(mfu)} MFU: near the hardware" + _near_peak_tip(resolved)
     return f"compute-bound at {percent(mfu)} MFU - try " + _compute_fixes(resolved)
@@ -106,8 +133,10 @@ def _compute_fixes(resolved: dict) -> str:
         return " / ".join(tips + ["model = torch.compile(model)",
                                   "a larger batch_size in your DataLoader"])
     tips = [f"amp={amp}"] if amp else []
-    tips += ["channels_last=True (conv nets)", "compile=True", "a larger batch_size"]
-    return " / ".join(tips)
+    tips += [tip for name, tip in (("channels_last", "channels_last=True (conv nets)"),
+                                   ("compile", "compile=True"))
+             if not _value(resolved, name)]   # never advise what the run already has
+    return " / ".join(tips + ["a larger batch_size"])
 
 
 def _amp_to_try(resolved: dict) -> Optional[str]:

@@ -15,9 +15,10 @@ import torch
 
 from . import checkpoint as ckpt
 from . import flops
+from .compiling import count_compiles
 from .config import ConfigError, TrainConfig
 from .data import (first_batch, loader_batches, make_batches, make_mover, prefetch_to_device,
-                   resolve_prefetch)
+                   resolve_prefetch, source_mover)
 from .data.batches import LoaderBatches, as_tensors, batch_count, length_of, signature_of
 from .devices import autocast_context, cpu_bf16_choice, resolve_amp, resolve_device, resolve_threads
 from .losses import outputs_and_loss
@@ -96,8 +97,11 @@ def prepare(run: Run, model, train_data, loss_fn, val_data, state=None,
     model.to(device)
     if cfg.channels_last:
         model.to(memory_format=torch.channels_last)
+        run.resolved["channels_last"] = (True, "asked for")   # the diagnosis reads what is on
     if cfg.compile:
         forward = torch.compile(model)
+        run.resolved["compile"] = (True, "asked for")
+        count_compiles(run)
     batches, move = _data_path(run, batches, device)
     params = [p for p in model.parameters() if p.requires_grad]
     setup = Setup(device, run.resolved["amp"][0], batches, val_batches, move, forward,
@@ -242,8 +246,10 @@ def input_shapes(batches):
 
 def load_first_batch(setup: Setup):
     """The first batch of epoch 0, on the device as the step gets it (for the probes and
-    the FLOP count; read in this process)."""
-    return setup.move(first_batch(setup.batches))
+    the FLOP count; read in this process). first_batch reads it from the source, under a
+    prefetcher too: the source's mover puts it on the device, not the step's (the
+    identity when the prefetcher has copied the batch already)."""
+    return source_mover(setup.batches, setup.move)(first_batch(setup.batches))
 
 
 def probe_step(model, setup: Setup, amp: str) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+from .compiling import warmup_split
 from .flops import percent, rate_fields
 from .tables import plain
 
@@ -37,6 +38,8 @@ def summarize(run) -> dict:
     for name in ("host_reads_per_step", "kept_losses_per_step", "collated_samples_per_step"):
         if any(name in r for r in train):   # nt.watch's counters, over the whole run
             out[name] = sum(r.get(name, 0.0) * r["steps"] for r in train) / max(run.step, 1)
+    if run.config.compile:   # the compiler's warm-up apart from the steady throughput
+        out.update(warmup_split(train))
     if train and "copy_s" in train[-1]:
         from .diagnosis import diagnose
         out["diagnosis"] = diagnose(out, run.resolved)
@@ -59,6 +62,11 @@ def summary_table(run) -> str:
     for key, label in (("val_loss", "val loss"), ("val_acc", "val accuracy")):
         if key in s:
             rows.append((label, plain(s[key])))
+    if "compile_warmup_s" in s:
+        compiles = s["settings"].get("compiles")
+        rows.append(("compile", f"warm-up {s['compile_warmup_s']:.2f} s"
+                     + (f" ({compiles} graph(s))" if compiles is not None else "")
+                     + f", then {s['steady_samples_per_s']:,.0f} samples/s"))
     if "tflops" in s:
         rows.append(("compute rate", f"{s['tflops']:.3g} TFLOP/s" + (
             f", {percent(s['mfu'])} MFU" if "mfu" in s else "")))
