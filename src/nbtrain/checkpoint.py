@@ -123,9 +123,9 @@ def restore(run, state: dict) -> None:
         run.scaler.load_state_dict(state["scaler"])
     _restore_rng(state["rng"], _device_of(run))
     pos = state["position"]
-    run.step, run.epoch, run.batch_in_epoch = pos["step"], pos["epoch"], pos["batch_in_epoch"]
+    run.move_to(pos["step"], pos["epoch"], pos["batch_in_epoch"])
     _continue_position(run, saved)
-    run.history = list(state["history"])
+    run.replace_history(state["history"])
 
 
 def _continue_position(run, saved_config: dict) -> None:
@@ -140,7 +140,7 @@ def _continue_position(run, saved_config: dict) -> None:
         return
     seen = run.batch_in_epoch * sizes[0] * before
     per_batch = sizes[1] * world
-    run.batch_in_epoch = seen // per_batch   # the batch that holds sample `seen`
+    run.move_to(batch_in_epoch=seen // per_batch)   # the batch that holds sample `seen`
     order = f" in the data order of {world} process(es)" if before != world else ""
     each = " of each" if world > 1 else ""
     note = (f"resumed a run of {changed}: the epoch continues at sample {seen}{order} "

@@ -228,7 +228,7 @@ class Reporter:
 UNCHANGED = object()   # draw(preview=UNCHANGED): leave the preview line as it is
 
 
-def _require_plotly_widgets():
+def require_plotly_widgets():
     """plotly's FigureWidget (anywidget-based from plotly 6) and ipywidgets, or a clear fix."""
     try:
         import ipywidgets
@@ -257,7 +257,7 @@ class PlotlyRenderer:
     """
 
     def __init__(self, height: int = 760, widget: bool = True):
-        _, go, make_subplots = _require_plotly_widgets()
+        _, go, make_subplots = require_plotly_widgets()
         self.widget = widget
         self._go = go
         grid = make_subplots(rows=3, cols=2, specs=[[{}, {}], [{}, {}], [{"colspan": 2}, None]],
@@ -380,7 +380,7 @@ class Dashboard:
 
     def __init__(self, *runs, max_points: int = MAX_POINTS, interval: Optional[float] = None,
                  height: int = 760, show: bool = True, live: str = "auto"):
-        ipywidgets, _, _ = _require_plotly_widgets()
+        ipywidgets, _, _ = require_plotly_widgets()
         self.live = _checked_live(live)
         self.max_points = max_points
         self.renderer = PlotlyRenderer(height, widget=self.live == "widget")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
 from .config import GROUPS, ConfigError, Setting, TrainConfig, rejection, settings_in
-from .dashboard import Dashboard, _require_plotly_widgets
+from .dashboard import Dashboard, require_plotly_widgets
 from .kinds import Choice, Flag, Number, OrNone, Pair, Whole, text_of
 
 LIVE_FIELDS = ("lr",)   # applied to a running run; every other field needs the next Train
@@ -188,7 +188,7 @@ class Panel:
     def __init__(self, model, train_data, loss_fn=None, config: Optional[TrainConfig] = None,
                  val_data=None, *, reset_weights: bool = True, max_points: int = 400,
                  interval: float = 0.25, height: int = 760):
-        widgets, _, _ = _require_plotly_widgets()
+        widgets, _, _ = require_plotly_widgets()
         if config is not None and not isinstance(config, TrainConfig):
             raise TypeError(f"config must be a TrainConfig; got {type(config).__name__}. "
                             "Use nt.TrainConfig(...) or TrainConfig.from_dict(d).")

@@ -31,7 +31,7 @@ import torch
 from torch.optim.optimizer import (register_optimizer_step_post_hook,
                                    register_optimizer_step_pre_hook)
 from torch.utils.data import DataLoader, TensorDataset
-from torch.utils.data._utils.collate import default_collate
+from torch.utils.data import default_collate
 
 from . import checkpoint as ckpt
 from . import flops
