@@ -6,7 +6,9 @@ def attach_progress(run) -> None:
     """Show steps, loss and samples/s as records arrive; tqdm throttles the redraws."""
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=run.total_steps, initial=run.step, unit="step", desc="nbtrain",
+    setup_s = run.resolved.get("setup_s", (0.0, ""))[0]   # what measuring took before step 1
+    desc = f"nbtrain (setup {setup_s:.1f} s)" if setup_s >= 0.1 else "nbtrain"
+    bar = tqdm(total=run.total_steps, initial=run.step, unit="step", desc=desc,
                dynamic_ncols=True, leave=True)
 
     def on_record(record: dict) -> None:
