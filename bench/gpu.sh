@@ -1,18 +1,56 @@
 #!/usr/bin/env bash
-# Every GPU check in one call to the GPU machine (about 6 minutes), e.g. from the device
-# tool:   bash bench/gpu.sh
+# Every GPU check in one call to the GPU machine: under 10 minutes of command time on one
+# H200, each stage under its own timeout (a slow stage cannot eat the rest), e.g. from the
+# device tool:   bash bench/gpu.sh
 # That machine's python3 already has torch with CUDA, pytest, numpy, psutil, tqdm,
-# scikit-learn, joblib and cloudpickle; nbtrain runs from src/ without an install, and the
-# LMDB tests are left out (no lmdb there). Logs go to $OUT when it is set.
+# scikit-learn, joblib and cloudpickle; nbtrain runs from src/ without an install. Logs go
+# to $OUT when it is set. The last thing printed is one table of every check (each stage's
+# own tables are in its log above it).
+#
+#   gpu            the GPU, the driver, torch                                     15 s
+#   tests          the CUDA tests, once, under TORCH_CUDA_SANITIZER=1 (stream
+#                  races raise), syncs per step under set_sync_debug_mode        130 s
+#   data_paths     bench/gpu.py: pinned vs pageable GB/s, each data path's
+#                  samples/s, GPU idle (profiler) against nbtrain's data wait,
+#                  copy/compute overlap with prefetch, MFU, the diagnosis; a
+#                  copy-bound case; syncs per step                               150 s
+#   precision_mfu  bench/gpu_mfu.py: AMP bf16/fp16 against TF32 and fp32 for a
+#                  conv net and a transformer block, MFU with the prefetch on    150 s
+#   own_loop       bench/own_loop.py --device cuda: nt.watch on the tutorial loop  70 s
+#   processes      bench/processes.py, only with several GPUs (one GPU each; with
+#                  one it would time the CPU)                                     90 s
 set -uo pipefail
 out=${OUT:-/tmp}
-export PYTHONPATH=src PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
-# tests first, the bench even if one fails: both results are needed to fix anything
-python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" -k "not lmdb" \
-    tests/test_cuda.py tests/test_data.py tests/test_gpu_bench.py 2>&1 | tee "$out/tests.log"
-python3 bench/gpu.py 2>&1 | tee "$out/gpu.md"
-python3 bench/gpu_mfu.py 2>&1 | tee "$out/mfu.md"   # bf16 MFU against the table peak (issue 17)
-# processes=N: scaling over the visible GPUs (one process each); with one GPU, the CPU table
-python3 bench/processes.py --repeats 3 2>&1 | tee "$out/processes.md"
+export PYTHONPATH=src PYTHONUNBUFFERED=1 NBTRAIN_BENCH_CHECKS="$out/checks.jsonl"
+: > "$NBTRAIN_BENCH_CHECKS"
+
+stage() {   # stage NAME SECONDS COMMAND...: run it under its timeout, log it, note how it ended
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  echo
+  echo "## $name"
+  timeout --kill-after=5 "$limit" "$@" 2>&1 | tee "$out/$name.log"
+  local rc=${PIPESTATUS[0]} took=$((SECONDS - start)) what verdict=met
+  what="exit $rc"
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then what="TIMED OUT"; fi
+  if [ "$rc" != 0 ]; then verdict=MISSED; fi
+  printf '{"check": "stage %s", "value": "%s after %d s", "target": "exit 0 within %d s", "verdict": "%s"}\n' \
+    "$name" "$what" "$took" "$limit" "$verdict" >> "$NBTRAIN_BENCH_CHECKS"
+}
+
+stage gpu 15 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader;
+  python3 -c "import torch; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda)"'
+# the tests first, the benches even if one fails: both results are needed to fix anything
+stage tests 130 env TORCH_CUDA_SANITIZER=1 python3 -m pytest -q -p no:cacheprovider \
+  -o addopts="-ra" tests/test_cuda.py tests/test_data.py::test_prefetcher_yields_batches_on_the_device
+stage data_paths 150 python3 bench/gpu.py
+stage precision_mfu 150 python3 bench/gpu_mfu.py
+stage own_loop 70 python3 bench/own_loop.py --device cuda --repeats 3 --epochs 1
+if [ "$(nvidia-smi -L | grep -c '^GPU')" -gt 1 ]; then
+  stage processes 90 python3 bench/processes.py --repeats 3
+fi
+
+echo
+echo "## every check"
+python3 bench/gpu.py --summary "$NBTRAIN_BENCH_CHECKS" | tee "$out/summary.md"

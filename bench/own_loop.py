@@ -1,16 +1,19 @@
 """Your own loop under nt.watch, against the same loop unwatched, in the same process.
 
-    python bench/own_loop.py [--repeats 9] [--epochs 3]
+    python bench/own_loop.py [--repeats 9] [--epochs 3] [--device cuda]
 
-The loop is the tutorial one (a DataLoader, AdamW, `loss.item()` every step), written
-once below and run three ways per repeat, interleaved so machine noise hits all alike:
+The loop is the tutorial one (a DataLoader, `.to(device)` per batch, AdamW, `loss.item()`
+every step), written once below and run three ways per repeat, interleaved so machine
+noise hits all alike:
 as written; inside `nt.watch(optimize=False)` (watched only); inside `nt.watch()` (the
 defaults: bf16 where measured faster, batched fetch for tensors, the fused AdamW). Each
 call is timed whole, the watch's setup included (its probes are cached after the first
 call of a process, as a re-run cell finds them: one warm-up round is not counted).
 Printed: the median ms per step, the spread (min-max over repeats) and the ratio of
-medians to the loop as written. Targets (issue 24): watched only <= 1.03x; the defaults
-never slower, and <= 0.85x on the CNN where bf16 pays (a CPU with avx512_bf16).
+medians to the loop as written, and the watch's diagnosis of the loop. Targets (issue 24):
+watched only <= 1.03x; the defaults never slower, and <= 0.85x on the CNN where bf16 pays
+(a CPU with avx512_bf16). `--device cuda` (bench/gpu.sh) runs the same loop on the GPU:
+the model there, each batch moved by the loop, the watch timing it with CUDA events.
 """
 from __future__ import annotations
 
@@ -31,12 +34,13 @@ from nbtrain.devices import cpu_bf16_feature
 from nbtrain.flops import cpu_model
 
 
-def the_loop(model, loader, epochs: int) -> int:
+def the_loop(model, loader, epochs: int, device: str = "cpu") -> int:
     """What the tutorials write; returns its steps."""
     opt = torch.optim.AdamW(model.parameters(), 3e-3)
     losses = []
     for _ in range(epochs):
         for xb, yb in loader:
+            xb, yb = xb.to(device), yb.to(device)   # on the CPU: the tensor itself
             opt.zero_grad()
             loss = F.cross_entropy(model(xb), yb)
             loss.backward()
@@ -77,35 +81,43 @@ WAYS = {
 }
 
 
-def one_call(make_model, make_data, way, epochs: int) -> float:
-    """Seconds per step of one whole call: the model, the loader and the loop."""
+def one_call(make_model, make_data, way, epochs: int, device: str = "cpu") -> tuple:
+    """(seconds per step of one whole call: the model, the loader and the loop; the
+    watch's last diagnosis, '' unwatched)."""
     torch.manual_seed(0)
-    model = make_model()
+    model = make_model().to(device)
     loader = DataLoader(make_data(), batch_size=64, shuffle=True,
                         generator=torch.Generator().manual_seed(1))
-    start = time.perf_counter()
+    start, run = time.perf_counter(), None
     if way is None:
-        steps = the_loop(model, loader, epochs)
+        steps = the_loop(model, loader, epochs, device)
     else:
-        with nt.watch(**way):
-            steps = the_loop(model, loader, epochs)
-    return (time.perf_counter() - start) / steps
+        with nt.watch(**way) as run:
+            steps = the_loop(model, loader, epochs, device)
+    if device != "cpu":
+        torch.cuda.synchronize()   # the call's queued work is part of it
+    seconds = (time.perf_counter() - start) / steps
+    records = run.records("train") if run is not None else []
+    return seconds, records[-1].get("diagnosis", "") if records else ""
 
 
-def measure(make_model, make_data, repeats: int, epochs: int) -> dict:
+def measure(make_model, make_data, repeats: int, epochs: int, device: str = "cpu") -> tuple:
+    """(seconds per step of each way over the repeats, each way's last diagnosis)."""
     for way in WAYS.values():   # warm-up: allocator, kernels, the watch's cached probes
-        one_call(make_model, make_data, way, epochs)
-    times = {name: [] for name in WAYS}
+        one_call(make_model, make_data, way, epochs, device)
+    times, diagnoses = {name: [] for name in WAYS}, {}
     for _ in range(repeats):
         for name, way in WAYS.items():
-            times[name].append(one_call(make_model, make_data, way, epochs))
-    return times
+            seconds, diagnoses[name] = one_call(make_model, make_data, way, epochs, device)
+            times[name].append(seconds)
+    return times, diagnoses
 
 
-def machine() -> str:
+def machine(device: str = "cpu") -> str:
     bf16 = cpu_bf16_feature() or "no bf16 units"
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"CPU {cpu_model()} ({os.cpu_count()} cores, {bf16}), torch {torch.__version__}, "
+    gpu = f"{torch.cuda.get_device_name()}, " if device != "cpu" else ""
+    return (f"{gpu}CPU {cpu_model()} ({os.cpu_count()} cores, {bf16}), torch {torch.__version__}, "
             f"{torch.get_num_threads()} threads, Python {platform.python_version()}, "
             f"load average {load:.1f}")
 
@@ -114,17 +126,36 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--device", default="cpu", help="where the loop trains: cpu or cuda")
     args = parser.parse_args(argv)
-    print(f"{machine()}\nmedian of {args.repeats} interleaved whole calls of {args.epochs} "
-          "epochs (batch 64, AdamW, loss.item() every step)\n")
-    print("| case | way | ms/step | spread | vs as written |\n|---|---|---:|---:|---:|")
+    if args.device != "cpu" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: this PyTorch sees no CUDA device")
+    print(f"{machine(args.device)}\nmedian of {args.repeats} interleaved whole calls of "
+          f"{args.epochs} epochs on {args.device} (batch 64, AdamW, loss.item() every step)\n")
+    print("| case | way | ms/step | spread | vs as written | diagnosis |\n"
+          "|---|---|---:|---:|---:|---|")
     for label, make_model, make_data in cases():
-        times = measure(make_model, make_data, args.repeats, args.epochs)
+        times, diagnoses = measure(make_model, make_data, args.repeats, args.epochs, args.device)
         plain = statistics.median(times["as written"])
+        ratios = {}
         for name, values in times.items():
             median = statistics.median(values)
+            ratios[name] = median / plain
             print(f"| {label} | {name} | {median * 1e3:.3f} | {min(values) * 1e3:.3f}-"
-                  f"{max(values) * 1e3:.3f} | {median / plain:.2f}x |", flush=True)
+                  f"{max(values) * 1e3:.3f} | {median / plain:.2f}x | {diagnoses[name]} |",
+                  flush=True)
+        if args.device != "cpu":
+            own_loop_checks(label, ratios)
+
+
+def own_loop_checks(label: str, ratios: dict) -> None:
+    """Issue 24's targets on the GPU, into bench/gpu.sh's table."""
+    from gpu import check   # bench/gpu.py, beside this file
+    watched, defaults = ratios["nt.watch(optimize=False)"], ratios["nt.watch() defaults"]
+    check(f"own loop on CUDA, {label}: watched only", f"{watched:.2f}x", "<= 1.03x",
+          watched <= 1.03)
+    check(f"own loop on CUDA, {label}: nt.watch() defaults", f"{defaults:.2f}x",
+          "<= 1.00x (never slower)", defaults <= 1.0)
 
 
 if __name__ == "__main__":

@@ -120,3 +120,140 @@ def test_nvml_reads_the_gpu_this_process_uses():
     assert fields["nvml_total_mb"] * 2**20 == pytest.approx(
         torch.cuda.get_device_properties(device).total_memory, rel=0.05)
     del block
+
+
+# -- issue 28: the GPU paths against PyTorch's semantics ---------------------------------------
+def cuda_records(run):
+    """The train records after the first (which holds the warm-up)."""
+    records = run.records("train")
+    return records[1:] if len(records) > 1 else records
+
+
+def test_prefetched_runs_count_their_flops_and_read_an_mfu(blobs):
+    run = nt.fit(mlp(), blobs, F.cross_entropy, progress=False,
+                 config=gpu(max_steps=20, data_on_device=False, pin_memory=True))
+    assert run.resolved["prefetch_to_device"][0] is True
+    assert run.resolved["flops_per_step"][0], run.resolved["flops_per_step"][1]
+    assert "mfu" in run.records("train")[-1]
+
+
+def test_prefetched_records_split_the_gpus_time(blobs):
+    """Copy-bound and input-bound cases with timings are bench/gpu.py's (timings under the
+    sanitizer mean nothing): here the record's shape. On CUDA the data wait is the GPU's
+    idle part of the host's fetch."""
+    run = nt.fit(mlp(), blobs, F.cross_entropy, progress=False,
+                 config=gpu(max_steps=20, data_on_device=False, pin_memory=True))
+    for record in cuda_records(run):
+        assert 0 <= record["data_wait_s"] <= record["host_fetch_s"] + 1e-9
+        assert record["copy_s"] >= 0 and record["compute_s"] > 0
+
+
+def conv_net() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 3, padding=1),
+                         nn.ReLU(), nn.Conv2d(64, 10, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+
+
+def test_a_conv_nets_peak_at_amp_off_is_its_convolutions_tf32():
+    x, y = torch.randn(2048, 3, 32, 32), torch.randint(0, 10, (2048,))
+    run = nt.fit(conv_net(), (x, y), F.cross_entropy, progress=False,
+                 config=gpu(max_steps=20, amp="off", batch_size=256))
+    assert "tf32" in run.resolved["peak_tflops"][1]
+    assert all(r["mfu"] < 1.0 for r in run.records("train"))
+
+
+class Batch:
+    """A batch that moves itself, its to() taking non_blocking as PyG's Data does."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def to(self, device, non_blocking=False):
+        return Batch(self.x.to(device, non_blocking=non_blocking),
+                     self.y.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self):   # the DataLoader's pin_memory calls it
+        return Batch(self.x.pin_memory(), self.y.pin_memory())
+
+    def __len__(self):   # its samples, for the records
+        return len(self.x)
+
+
+class BatchModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = mlp()
+
+    def forward(self, batch):
+        return F.cross_entropy(self.body(batch.x), batch.y)
+
+
+def test_batches_that_move_themselves_train_the_same_prefetched(blobs):
+    x, y = blobs
+
+    def weights(prefetch):
+        torch.manual_seed(0)
+        model = BatchModel()
+        loader = torch.utils.data.DataLoader(
+            [Batch(x[i:i + 64], y[i:i + 64]) for i in range(0, 512, 64)], batch_size=None,
+            pin_memory=True)
+        nt.fit(model, loader, progress=False,
+               config=gpu(max_steps=24, prefetch_to_device=prefetch, shuffle=False))
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+    assert torch.allclose(weights(True), weights(False), atol=1e-6)
+
+
+def test_resident_images_are_channels_last_as_they_arrive():
+    images, labels = torch.randn(64, 3, 8, 8), torch.randint(0, 3, (64,))
+    cfg = TrainConfig(data_on_device=True, channels_last=True, batch_size=16)
+    source = make_batches((images, labels), cfg, torch.device("cuda"), {})
+    batch = next(iter(source.epoch(0)))
+    assert batch[0].is_cuda and batch[0].is_contiguous(memory_format=torch.channels_last)
+
+
+def syncs_during(fn) -> int:
+    """Synchronizing CUDA calls made by `fn()` (torch.cuda.set_sync_debug_mode('warn'))."""
+    import warnings
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def syncs_per_step(blobs, **settings) -> float:
+    """Syncs of the steps alone: those of a longer run less those of a shorter one (the
+    setup's count and probes are the same in both)."""
+    def fit(steps):
+        return lambda: nt.fit(mlp(), blobs, F.cross_entropy, progress=False,
+                              config=gpu(max_steps=steps, log_every=10, **settings))
+    return (syncs_during(fit(40)) - syncs_during(fit(20))) / 20
+
+
+def test_the_default_path_does_not_sync_per_step_and_fp16_unfused_does(blobs):
+    assert syncs_per_step(blobs, amp="bf16" if torch.cuda.is_bf16_supported() else "fp16",
+                          optimizer="adamw", optimizer_impl="fused") < 0.5
+    assert syncs_per_step(blobs, amp="fp16", optimizer="radam") >= 1
+
+
+def test_release_frees_the_memory_of_the_runs_device(blobs):
+    run = nt.fit(mlp(), blobs, F.cross_entropy, progress=False, config=gpu(max_steps=5))
+    freed = run.release()
+    assert freed["cuda_reserved_freed_mb"] >= 0 and not run.optimizer.state
+
+
+def test_max_batch_size_keeps_room_for_the_optimizers_state():
+    from nbtrain.memory import room_to_keep
+    model, data = nn.Linear(1024, 1024), (torch.randn(64, 1024), torch.randint(0, 1024, (64,)))
+    cfg = gpu(data_on_device=False)
+    assert room_to_keep(model.cuda(), cfg, data, torch.device("cuda", 0)) == 2 * 4 * (1024 * 1024 + 1024)
+    assert nt.max_batch_size(model, data, F.cross_entropy, config=cfg, limit=256) == 256
+
+
+def test_auto_processes_with_one_gpu_named_is_one_process():
+    from nbtrain import distributed
+    from nbtrain.run import Run
+    run = Run(TrainConfig(processes="auto", device="cuda:0"))
+    assert distributed.resolve_processes(run) == 1

@@ -55,3 +55,55 @@ def test_device_spans_reads_a_real_profile():
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         torch.randn(64, 64) @ torch.randn(64, 64)
     assert gpu.device_spans(prof) == []   # host ops are not GPU spans
+
+
+# -- the checks bench/gpu.sh collects into its one table ---------------------------------------
+def test_checks_are_collected_into_one_table(monkeypatch, tmp_path, capsys):
+    path = tmp_path / "checks.jsonl"
+    monkeypatch.setenv("NBTRAIN_BENCH_CHECKS", str(path))
+    gpu.check("GPU idle with the prefetcher", "3.0%", "<= 5%", True)
+    gpu.check("syncs per step, default path", "1.00", "<= 0.2", False)
+    gpu.check("amp bf16 over tf32", "2.10x", "NVIDIA: 2.63x", None)
+    assert "GPU idle with the prefetcher: 3.0% (target: <= 5%): met" in capsys.readouterr().out
+    table = gpu.summary(str(path)).splitlines()
+    assert table[:2] == ["| check | value | target | verdict |", "|---|---|---|---|"]
+    assert table[2] == "| GPU idle with the prefetcher | 3.0% | <= 5% | met |"
+    assert table[3].endswith("| MISSED |") and table[4].endswith("| - |")
+    assert table[-1] == "3 checks, 1 missed"
+
+
+def test_own_split_reads_the_records_after_the_warm_up():
+    from types import SimpleNamespace
+    records = [dict(data_wait_frac=0.9, copy_frac=0.9, host_fetch_s=0.9, step_time_s=1.0, mfu=0.1),
+               dict(data_wait_frac=0.1, copy_frac=0.2, host_fetch_s=0.3, step_time_s=1.0, mfu=0.4,
+                    diagnosis="copy-bound: 20%")]
+    split = gpu.own_split(SimpleNamespace(records=lambda kind: records))
+    assert split == {"data_wait": 0.1, "copy": 0.2, "host_fetch": 0.3, "mfu": 0.4,
+                     "diagnosis": "copy-bound: 20%"}
+
+
+def load_bench(name, monkeypatch):
+    bench = Path(__file__).parents[1] / "bench"
+    monkeypatch.syspath_prepend(str(bench))   # as when run as a script: `from gpu import check`
+    spec = importlib.util.spec_from_file_location(name, bench / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_fp32_math_of_a_precision_case_is_put_back(monkeypatch):
+    mfu = load_bench("gpu_mfu", monkeypatch)
+    from nbtrain.flops import _fp32_runs_tf32
+    before = (_fp32_runs_tf32("matmul"), _fp32_runs_tf32("conv"))
+    with mfu.fp32_math(True):
+        assert _fp32_runs_tf32("matmul") and _fp32_runs_tf32("conv")
+    with mfu.fp32_math(False):
+        assert not _fp32_runs_tf32("matmul") and not _fp32_runs_tf32("conv")
+    assert (_fp32_runs_tf32("matmul"), _fp32_runs_tf32("conv")) == before
+
+
+def test_the_own_loop_bench_refuses_cuda_without_a_gpu(monkeypatch):
+    own_loop = load_bench("own_loop", monkeypatch)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        own_loop.main(["--device", "cuda"])

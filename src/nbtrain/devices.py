@@ -26,6 +26,19 @@ def resolve_device(requested: str) -> Tuple[torch.device, str]:
     return torch.device("cpu"), "no CUDA or MPS device found"
 
 
+def resolve_device_type(requested: str) -> str:
+    """The type of device resolve_device(requested) gives ('cuda', 'mps', 'cpu'), without
+    choosing a GPU: a rank sets its own (torch.cuda.set_device) before anything asks for
+    the current one, which would open a context on GPU 0."""
+    if requested != "auto":
+        return torch.device(requested).type
+    if torch.cuda.is_available():
+        return "cuda"
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
 def _indexed(device: torch.device) -> torch.device:
     """'cuda' as 'cuda:N': the current device is per thread, and a background run's thread
     starts on device 0 whatever the notebook's thread chose with torch.cuda.set_device."""

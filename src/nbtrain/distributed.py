@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader
 from . import checkpoint as ckpt
 from .config import ConfigError, TrainConfig
 from .data.batches import source_of
-from .devices import available_cores, resolve_device
+from .devices import available_cores, resolve_device, resolve_device_type
 from .optim import build_optimizer, resolve_impl
 from .loop import train_safely
 from .prepare import batches_per_epoch, count_steps, samples_in
@@ -51,7 +51,12 @@ def resolve_processes(run) -> int:
     device, _ = resolve_device(run.config.device) if run.config.device != "cpu" \
         else (torch.device("cpu"), "")
     gpus = torch.cuda.device_count() if device.type == "cuda" else 0
-    if gpus > 1:
+    if gpus > 1 and run.config.device.startswith("cuda:"):
+        # one GPU named: ranks on every GPU would each resolve it to that one (NCCL
+        # refuses a GPU shared by two ranks)
+        choice = (1, f"device={run.config.device!r} names one GPU: one process on it "
+                     "(device='cuda' or 'auto' trains on every visible GPU)")
+    elif gpus > 1:
         choice = (gpus, f"{gpus} visible GPUs: one process each")
     elif gpus == 1:
         choice = (1, "one visible GPU: one process")
@@ -549,9 +554,11 @@ def run_rank(rank: int, world: int, blob: bytes, messages, requests, join, leave
         os.environ.update(payload.get("env", {}))   # a forkserver's child has the server's
         cfg: TrainConfig = payload["config"]
         share = _share_cores(cfg, world)
-        device, _ = resolve_device(cfg.device)
-        backend = join(cfg, device, payload["timeout_s"])
-        control = dist.new_group(backend="gloo") if backend == "nccl" else dist.group.WORLD
+        # join sets this rank's GPU: only then may the device be resolved ("auto" and
+        # "cuda" are the current GPU, and asking for it before opens a context on GPU 0)
+        backend = join(cfg, torch.device(resolve_device_type(cfg.device)), payload["timeout_s"])
+        _refuse_a_shared_gpu(resolve_device(cfg.device)[0], rank, world)
+        control = _control_group(backend, payload["timeout_s"])
         run = (make_run or RankRun)(cfg, rank, world, messages, requests, control)
         setup = _prepare_rank(run, payload, backend, share)
         messages.put(("ready", rank, {"resolved": dict(run.resolved),
@@ -569,6 +576,24 @@ def run_rank(rank: int, world: int, blob: bytes, messages, requests, join, leave
                                        "before_start": not started,
                                        "exception": _packed_error(exc)}))
         return exc
+
+
+def _control_group(backend: str, timeout_s: float):
+    """The group Stop and set_lr are agreed on: gloo, a CPU tensor, no GPU sync. Beside
+    NCCL a gloo group of its own, with the ranks' timeout (new_group's default is
+    torch's 30 minutes, not the one init_process_group was given)."""
+    if backend != "nccl":
+        return dist.group.WORLD
+    return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+
+
+def _refuse_a_shared_gpu(device: torch.device, rank: int, world: int) -> None:
+    """Each rank trains on the GPU join gave it: a device that names another (cuda:N) would
+    put two ranks on one GPU, which NCCL refuses with an unclear error."""
+    if world > 1 and device.type == "cuda" and device.index != torch.cuda.current_device():
+        raise ConfigError(f"rank {rank} of {world} would train on {device}, not on its own GPU "
+                          f"cuda:{torch.cuda.current_device()}: every rank would share it. Use "
+                          "device='cuda' or 'auto' with several processes.", field="device")
 
 
 def _share_cores(cfg: TrainConfig, world: int) -> int:

@@ -20,13 +20,16 @@ sides are measured here, once per run, before step 1:
   datasheet), the dense tensor-core figure at the run's precision; for CPUs and other
   GPUs, a short GEMM probe at the run's dtype (a few large matmuls, the best), cached
   per machine under `files.cache_dir()` and measured again when the machine has become
-  much quieter than it was then.
+  much quieter than it was then. At amp="off" on CUDA, cuDNN runs convolutions in TF32
+  by default while matmuls stay fp32 (unless `torch.set_float32_matmul_precision` says
+  otherwise): the peak is then the two weighted by the counted FLOPs (`run_peak`).
 
 Both land in `run.resolved` with where they came from; each train record then carries
 `tflops` (achieved) and `mfu` (`rate_fields`).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -48,21 +51,40 @@ COUNTED = "matmuls, convolutions and SDPA attention, forward and backward"
 
 
 # -- FLOPs per step ---------------------------------------------------------------------------
-_COUNTS: dict = {}   # (architecture, batch shapes, precision) -> FLOPs of one forward+backward
+_COUNTS: dict = {}   # (architecture, batch shapes, precision) -> Counted: one forward+backward
+
+
+class Counted(NamedTuple):
+    """FLOPs of one forward and backward, and how many of them are convolutions (cuDNN
+    runs those at another fp32 precision than matmuls: see `conv_precision`)."""
+    total: int
+    conv: int
 
 
 def flops_per_batch(model: torch.nn.Module, loss_fn, batch, amp: str, device: torch.device) -> int:
     """FLOPs of one forward and backward of `model` on `batch` (see the module's note)."""
-    key = (architecture(model), structure(batch, _shape), getattr(loss_fn, "__qualname__",
-                                                                   repr(loss_fn)), amp)
+    key = _count_key(model, loss_fn, batch, amp)
     if key not in _COUNTS:
         from torch.utils.flop_counter import FlopCounterMode
         with leaves_no_trace(model), FlopCounterMode(display=False) as counter:
             with autocast_context(amp, device):
                 _, loss = outputs_and_loss(model, loss_fn, batch)
             loss.backward()
-        _COUNTS[key] = counter.get_total_flops()
-    return _COUNTS[key]
+        per_op = counter.get_flop_counts().get("Global", {})
+        conv = sum(n for op, n in per_op.items() if "convolution" in str(op))
+        _COUNTS[key] = Counted(counter.get_total_flops(), conv)
+    return _COUNTS[key].total
+
+
+def conv_share(model: torch.nn.Module, loss_fn, batch, amp: str) -> float:
+    """The share of convolutions in the FLOPs flops_per_batch counted (0 if it did not)."""
+    counted = _COUNTS.get(_count_key(model, loss_fn, batch, amp))
+    return counted.conv / counted.total if counted and counted.total else 0.0
+
+
+def _count_key(model, loss_fn, batch, amp: str) -> tuple:
+    return (architecture(model), structure(batch, _shape),
+            getattr(loss_fn, "__qualname__", repr(loss_fn)), amp)
 
 
 def architecture(model: torch.nn.Module) -> tuple:
@@ -126,12 +148,44 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32,
 
 
 def precision(amp: str, device: torch.device) -> str:
-    """The precision of the run's matmuls: autocast's, else TF32 where CUDA uses it for fp32."""
+    """The precision of the run's matmuls: autocast's, else TF32 where CUDA uses it for fp32
+    (off by default: torch.get_float32_matmul_precision() is 'highest')."""
     if amp in ("bf16", "fp16"):
         return amp
-    if device.type == "cuda" and torch.get_float32_matmul_precision() != "highest":
+    if device.type == "cuda" and _fp32_runs_tf32("matmul"):
         return "tf32"
     return "fp32"
+
+
+def conv_precision(amp: str, device: torch.device) -> str:
+    """The precision of the run's convolutions: autocast's, else TF32 where cuDNN uses it
+    for fp32, which it does by default (torch.backends.cudnn.allow_tf32 is True, unlike
+    matmuls: PyTorch's CUDA semantics notes, "TensorFloat-32 (TF32) on Ampere (and later)
+    devices")."""
+    if amp in ("bf16", "fp16"):
+        return amp
+    if device.type == "cuda" and _fp32_runs_tf32("conv"):
+        return "tf32"
+    return "fp32"
+
+
+def _fp32_runs_tf32(op: str) -> bool:
+    """Whether CUDA runs fp32 `op`s ("matmul": cuBLAS, "conv": cuDNN) in TF32. torch 2.9+
+    keeps one setting per op, "none" deferring to the backend's and then the global one
+    (torch.backends.cuda.matmul / cudnn.conv .fp32_precision: "tf32", "ieee" or "none");
+    after a mix of those and the legacy flags the legacy getters raise, so the new ones
+    are read where torch has them."""
+    backends = torch.backends
+    leaf = backends.cuda.matmul if op == "matmul" else getattr(backends.cudnn, "conv", None)
+    if getattr(leaf, "fp32_precision", None) is None:   # before torch 2.9: the legacy flags
+        if op == "matmul":
+            return torch.get_float32_matmul_precision() != "highest"
+        return bool(torch.backends.cudnn.allow_tf32)
+    for level in (leaf, backends.cudnn, backends):   # the op's, CUDA's ("cuda", "all"), torch's
+        setting = getattr(level, "fp32_precision", "none")
+        if setting != "none":
+            return setting == "tf32"
+    return False
 
 
 def table_peak(name: str, capability: tuple, prec: str) -> Optional[tuple]:
@@ -191,11 +245,27 @@ def _stale(entry: dict, device: torch.device) -> bool:
 def _probe_again(machine: dict, old: Optional[dict], device, prec: str, threads: int) -> dict:
     """A new probe; the higher of it and the old figure, since load only lowers it."""
     load = os.getloadavg()[0] if device.type == "cpu" else 0.0
-    with intra_op_threads(threads):
+    with intra_op_threads(threads), _matmuls_at(prec, device):
         tflops, n = probe_gemm(device, _DTYPES[prec])
     if old and old.get("tflops", 0) > tflops:
         tflops, n = old["tflops"], old["n"]
     return {**machine, "tflops": tflops, "n": n, "load": load}
+
+
+@contextlib.contextmanager
+def _matmuls_at(prec: str, device: torch.device):
+    """fp32 matmuls in TF32 while probing the "tf32" peak (a conv net's, whose matmuls may
+    run in full fp32), then the setting as it was."""
+    matmul = torch.backends.cuda.matmul
+    if prec != "tf32" or device.type != "cuda" or getattr(matmul, "fp32_precision", None) is None:
+        yield
+        return
+    before = matmul.fp32_precision
+    matmul.fp32_precision = "tf32"
+    try:
+        yield
+    finally:
+        matmul.fp32_precision = before
 
 
 REPS = 5
@@ -244,7 +314,7 @@ def cpu_model() -> str:
 
 
 # -- what the loop asks for ------------------------------------------------------------------
-_COUNTED_BEFORE: dict = {}   # FLOPs per batch, by what they depend on (see resolve's key)
+_COUNTED_BEFORE: dict = {}   # (FLOPs per batch, conv share), by what they depend on (resolve's key)
 
 
 def resolve(model, loss_fn, load_batch, amp: str, device: torch.device, accum: int,
@@ -254,13 +324,13 @@ def resolve(model, loss_fn, load_batch, amp: str, device: torch.device, accum: i
     properly (with its culprit) at the first step. `load_batch()`: the first batch, moved.
     `key`: what the count depends on (layers, parameter and batch shapes); a run with a
     key counted before in this process (a re-run cell) is not counted again."""
-    resolved = {}
+    resolved, share = {}, 0.0   # share: of convolutions in the FLOPs
     try:
         cache_key = None if key is None else (key, _name_of(loss_fn), amp, str(device))
         counted = _COUNTED_BEFORE.get(cache_key) if cache_key is not None else None
-        per_batch = counted or flops_per_batch(model, loss_fn, load_batch(), amp, device)
+        per_batch, share = counted or _counted(model, loss_fn, load_batch(), amp, device)
         if cache_key is not None:
-            _COUNTED_BEFORE[cache_key] = per_batch
+            _COUNTED_BEFORE[cache_key] = (per_batch, share)
         flops = per_batch * accum
         how = "counted before in this process for this model and batch shape" if counted \
             else "counted on one batch"
@@ -268,12 +338,34 @@ def resolve(model, loss_fn, load_batch, amp: str, device: torch.device, accum: i
                                              f"x {accum} (FlopCounterMode)")
     except Exception as exc:
         resolved["flops_per_step"] = (None, f"not counted ({type(exc).__name__}: {exc})")
-    prec = precision(amp, device)
     try:
-        resolved["peak_tflops"] = peak_tflops(device, prec, threads)
+        resolved["peak_tflops"] = run_peak(device, amp, threads, share)
     except Exception as exc:
         resolved["peak_tflops"] = (None, f"not measured ({type(exc).__name__}: {exc})")
     return resolved
+
+
+def _counted(model, loss_fn, batch, amp: str, device: torch.device) -> tuple:
+    """(FLOPs per batch, the share of convolutions in them)."""
+    return (flops_per_batch(model, loss_fn, batch, amp, device),
+            conv_share(model, loss_fn, batch, amp))
+
+
+def run_peak(device: torch.device, amp: str, threads: int, conv_fraction: float) -> tuple:
+    """(peak TFLOP/s, where it comes from) of a run whose FLOPs are `conv_fraction`
+    convolutions, the rest matmuls: where the two run at different precisions (fp32 on
+    CUDA: cuDNN's TF32 by default, cuBLAS's full fp32), the peak at which the step's FLOPs
+    would take the time they take at each one's own peak (a FLOP-weighted harmonic mean)."""
+    matmuls, convs = precision(amp, device), conv_precision(amp, device)
+    if matmuls == convs or conv_fraction <= 0.0:
+        return peak_tflops(device, matmuls, threads)
+    if conv_fraction >= 1.0:
+        return peak_tflops(device, convs, threads)
+    (mm_peak, _), (conv_peak, conv_source) = (peak_tflops(device, matmuls, threads),
+                                              peak_tflops(device, convs, threads))
+    value = 1.0 / (conv_fraction / conv_peak + (1.0 - conv_fraction) / mm_peak)
+    return value, (f"{conv_fraction:.0%} of the FLOPs in convolutions at {convs} "
+                   f"({conv_peak:g}), the rest at {matmuls} ({mm_peak:g}): {conv_source}")
 
 
 def rate_fields(record: dict, resolved: dict) -> dict:

@@ -16,6 +16,7 @@ import torch
 from . import checkpoint as ckpt
 from . import flops
 from .data.batches import length_of
+from .data.prefetch import mark_waits
 from .data.nested import batch_len
 from .devices import autocast_context, intra_op_threads
 from .diagnosis import diagnose
@@ -63,6 +64,7 @@ def _train(run: Run, setup: Setup) -> None:
     `log_every` steps, validation at each epoch's end, then the checkpoint."""
     cfg, opt = run.config, run.optimizer
     interval = Interval(setup.device, run.step, cfg.telemetry)
+    mark_waits(setup.batches, interval)   # a prefetcher's wait for its copy is copy time
     if setup.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(setup.device)   # peak of this run, not the kernel's
     with _last_record_on_error(run, setup, interval):
@@ -77,7 +79,8 @@ def _train(run: Run, setup: Setup) -> None:
             ran_out = False
             try:
                 while run.step < run.total_steps:
-                    # --- next batch(es): time spent here is time the model waited for data
+                    # --- next batch(es): time spent here is the data wait (on CUDA the
+                    # Interval keeps the part of it the GPU sat idle: see CudaTimer)
                     t = time.perf_counter()
                     window = next(windows, None)
                     interval.data_wait_s += time.perf_counter() - t

@@ -33,9 +33,9 @@ def release(run) -> dict:
     from .telemetry import rss_bytes
     if run.running:
         raise RuntimeError("the run is still training: call run.stop() and run.wait() first.")
-    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    device = _cuda_device_of(run)
     rss_before = rss_bytes()
-    reserved_before = torch.cuda.memory_reserved() if cuda else 0
+    reserved_before = torch.cuda.memory_reserved(device) if device is not None else 0
     state_bytes = optimizer_state_bytes(run.optimizer) if run.optimizer is not None else 0
     if run.optimizer is not None:
         run.optimizer.state.clear()
@@ -45,12 +45,24 @@ def release(run) -> dict:
     if run.error is not None:
         _clear_frames(run.error)
     gc.collect()
-    if cuda:
+    if device is not None:
         torch.cuda.empty_cache()   # give cached blocks back so other processes/runs see them
     return {"optimizer_state_mb": _mb(state_bytes),
             "rss_freed_mb": _mb(max(rss_before - rss_bytes(), 0)),
-            "cuda_reserved_freed_mb": _mb(reserved_before - (torch.cuda.memory_reserved()
-                                                             if cuda else 0))}
+            "cuda_reserved_freed_mb": _mb(reserved_before - (torch.cuda.memory_reserved(device)
+                                                             if device is not None else 0))}
+
+
+def _cuda_device_of(run) -> Optional[torch.device]:
+    """The CUDA device `run` trained on (not the current device: a run on cuda:1 frees
+    cuda:1's memory), or None off CUDA or before CUDA started."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return None
+    name = str(run.resolved.get("device", ("cuda", ""))[0])
+    device = torch.device(name)
+    if device.type != "cuda":
+        return None
+    return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
 
 
 def _clear_frames(error: BaseException) -> None:
@@ -126,10 +138,13 @@ def max_batch_size(model: torch.nn.Module, train_data, loss_fn: Optional[Callabl
     >>> nt.max_batch_size(model, (x, y), F.cross_entropy, config=cfg)   # e.g. 1792
 
     Doubles from `start` until a step runs out of memory (or `limit`), then bisects.
+    On a GPU each trial step runs beside what the run will hold and one step does not:
+    the optimizer's state (AdamW: two copies of the weights) and the training data when
+    it will live on the device (`room_to_keep`).
     The model is left as it was: no gradients, same buffers, same RNG state.
     """
     from .data.batches import as_tensors
-    from .devices import autocast_context, resolve_amp, resolve_device
+    from .devices import resolve_amp, resolve_device
     cfg = config or TrainConfig()
     device, _ = resolve_device(cfg.device)
     amp, _ = resolve_amp(cfg.amp, device)
@@ -138,6 +153,59 @@ def max_batch_size(model: torch.nn.Module, train_data, loss_fn: Optional[Callabl
     if tensors is None:
         raise TypeError("max_batch_size needs in-memory data: an (inputs, targets) pair of "
                         f"tensors or a TensorDataset; got {type(train_data).__name__}.")
+    with _held(device, room_to_keep(model, cfg, tensors, device)):
+        return _largest_fitting(model, tensors, loss_fn, device, amp, start, limit)
+
+
+# Tensors of optimizer state per parameter tensor, by optimizer (torch.optim's state):
+# Adam/AdamW exp_avg and exp_avg_sq, NAdam and RAdam the same two, Adagrad its sum,
+# RMSprop square_avg (and momentum_buffer with momentum), SGD momentum_buffer.
+_STATE_COPIES = {"adam": 2, "adamw": 2, "nadam": 2, "radam": 2, "adagrad": 1}
+
+
+def room_to_keep(model: torch.nn.Module, cfg: TrainConfig, tensors, device) -> int:
+    """Bytes the run holds on `device` that a trial step does not: the optimizer's state
+    (your own optimizer counted as AdamW, two copies) and the training data when it will
+    live on the device but is not there yet."""
+    from .data import stays_on_device
+    weights = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    data = 0
+    if stays_on_device(tensors, cfg, device) and any(t.device != device for t in tensors):
+        data = sum(t.numel() * t.element_size() for t in tensors)
+    return _state_copies(cfg) * weights + data
+
+
+def _state_copies(cfg: TrainConfig) -> int:
+    if callable(cfg.optimizer):
+        return 2
+    if cfg.optimizer in ("sgd", "rmsprop"):
+        return (cfg.optimizer == "rmsprop") + (cfg.momentum > 0)
+    return _STATE_COPIES[cfg.optimizer]
+
+
+@contextlib.contextmanager
+def _held(device: torch.device, nbytes: int):
+    """`nbytes` of `device`'s memory kept taken meanwhile (on CUDA: elsewhere an
+    allocation takes no memory until it is written, and nothing runs out the same way)."""
+    block = None
+    if device.type == "cuda" and nbytes:
+        try:
+            block = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        except torch.OutOfMemoryError:
+            raise RuntimeError(f"the optimizer's state and the resident training data alone "
+                               f"({_mb(nbytes) / 1024:.2f} GiB) do not fit on {device}: use "
+                               "data_on_device=False, a smaller model, or an optimizer with "
+                               "less state (sgd).") from None
+    try:
+        yield
+    finally:
+        del block
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _largest_fitting(model, tensors, loss_fn, device, amp: str, start: int, limit: int) -> int:
+    from .devices import autocast_context
 
     def fits(size: int) -> bool:
         idx = torch.arange(size) % len(tensors[0])   # repeat samples past the data's length

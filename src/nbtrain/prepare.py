@@ -19,7 +19,8 @@ from .compiling import count_compiles
 from .config import ConfigError, TrainConfig
 from .data import (first_batch, loader_batches, make_batches, make_mover, prefetch_to_device,
                    resolve_prefetch, source_mover)
-from .data.batches import LoaderBatches, as_tensors, batch_count, length_of, signature_of
+from .data.batches import (LoaderBatches, as_tensors, batch_count, length_of, signature_of,
+                           source_of)
 from .devices import autocast_context, cpu_bf16_choice, resolve_amp, resolve_device, resolve_threads
 from .losses import outputs_and_loss
 from .memory import checkpointed_forward, leaves_no_trace
@@ -234,6 +235,7 @@ def architecture(model, batches) -> tuple:
 def input_shapes(batches):
     """The shapes of one sample (of each tensor in it, a mapping's by key) and the batch
     size; the number of batches when no sample can be read without loading a batch."""
+    batches = source_of(batches)   # a CudaPrefetcher's source: the FLOP count's key too
     if hasattr(batches, "tensors"):
         return tuple((tuple(t.shape[1:]), t.dtype) for t in batches.tensors), batches.batch_size
     # nbtrain's loader batches by its sampler; a DataLoader of yours by its batch_size

@@ -15,10 +15,11 @@ import torch
 
 
 class HostTimer:
-    """CPU: an op has finished when its call returns, so host time is the work's time.
-    Sums floats as it goes: nothing is allocated per step."""
+    """CPU: an op has finished when its call returns, so host time is the work's time, and
+    the data wait is the host's time in next(). Sums floats as it goes: nothing is
+    allocated per step."""
 
-    def __init__(self):
+    def __init__(self, before=None):
         self.copy = self.busy = 0.0
         self._step_start = None
 
@@ -30,26 +31,48 @@ class HostTimer:
     def copy_done(self) -> None:
         self.copy += time.perf_counter() - self._c0
 
-    def step_done(self) -> None:
+    def wait_started(self) -> None:   # no prefetcher off CUDA
+        pass
+
+    wait_done = wait_started
+
+    def step_done(self, host_wait_s: float = 0.0) -> None:
         if self._step_start is not None:
             self.busy += time.perf_counter() - self._step_start
             self._step_start = None
 
+    def last_end(self):
+        return None
+
     def totals(self):
-        """(copy seconds, compute seconds) of the interval."""
-        return self.copy, self.busy - self.copy
+        """(copy seconds, compute seconds, None: the data wait is the loop's host time)."""
+        return self.copy, self.busy - self.copy, None
 
 
 class CudaTimer:
-    """CUDA: events recorded in stream order, read once when the interval closes.
+    """CUDA: events recorded in stream order on the compute stream, read once when the
+    interval closes.
+
+    Between the end of one step's work and the end of the next, the compute stream is
+    idle (nothing queued yet: the host was still fetching the batch, or doing other
+    bookkeeping), waits for a prefetcher's copy (`wait_started`/`wait_done`, queued in
+    the prefetcher's next()), copies (the step's own `copy_started`/`copy_done`), and
+    computes. The host queues work ahead, so the host's time in next() is no measure of
+    the GPU's wait: it may gather the next batch while the GPU is still busy. The data
+    wait is the GPU's idle time while the host fetched: per step, the smaller of the idle
+    gap and the host's time in next() (the gap may also hold a checkpoint or a record;
+    the host's wait may have been hidden behind queued work). Without the end of the step
+    before (the first step, after validation) the GPU had nothing queued: the host's wait
+    is its idle time.
 
     Reading an event needs it to have happened: `totals` waits for the interval's last
     one (the interval's single sync, shared with the loss read), never one per step.
     """
 
-    def __init__(self, device: torch.device):
-        self.spans = []       # per step: ([(copy start, copy end), ...], step end)
-        self._copies = []
+    def __init__(self, device: torch.device, before=None):
+        self.steps = []       # per step: (waits, copies, step end, the host's wait in next())
+        self._waits, self._copies = [], []
+        self.before = before  # the end event of the step just before the first, if any
         self.stream = torch.cuda.current_stream(device)   # the loop's stream on its device
 
     def _mark(self):
@@ -57,38 +80,71 @@ class CudaTimer:
         event.record(self.stream)
         return event
 
+    def wait_started(self) -> None:
+        self._w0 = self._mark()
+
+    def wait_done(self) -> None:
+        self._waits.append((self._w0, self._mark()))
+
     def copy_started(self) -> None:
         self._c0 = self._mark()
 
     def copy_done(self) -> None:
         self._copies.append((self._c0, self._mark()))
 
-    def step_done(self) -> None:
+    def step_done(self, host_wait_s: float = 0.0) -> None:
         if self._copies:
-            self.spans.append((self._copies, self._mark()))
-            self._copies = []
+            self.steps.append((self._waits, self._copies, self._mark(), host_wait_s))
+            self._waits, self._copies = [], []
+
+    def last_end(self):
+        """The end event of the interval's last step (the next interval's `before`)."""
+        return self.steps[-1][2] if self.steps else self.before
 
     def totals(self):
-        if not self.spans:
-            return 0.0, 0.0
-        self.spans[-1][1].synchronize()
-        copy = busy = 0.0
-        for copies, end in self.spans:
-            copy += sum(a.elapsed_time(b) for a, b in copies) / 1000.0
-            busy += copies[0][0].elapsed_time(end) / 1000.0
-        return copy, busy - copy
+        """(copy, compute, data wait) seconds of the interval's steps."""
+        if not self.steps:
+            return 0.0, 0.0, 0.0
+        self.steps[-1][2].synchronize()
+        copy = compute = idle = 0.0
+        before = self.before
+        for waits, copies, end, host_wait in self.steps:
+            waited, copied, start = _spans_s(waits), _spans_s(copies), copies[0][0]
+            copy += waited + copied
+            compute += _elapsed_s(start, end) - copied
+            gap = host_wait if before is None else _elapsed_s(before, start) - waited
+            idle += min(max(gap, 0.0), host_wait)
+            before = end
+        return copy, compute, idle
+
+
+def _elapsed_s(start, end) -> float:
+    return start.elapsed_time(end) / 1000.0   # Event.elapsed_time: milliseconds
+
+
+def _spans_s(spans) -> float:
+    return sum(_elapsed_s(a, b) for a, b in spans)
 
 
 class NoTimer:
     """telemetry=False: the markers cost a call and nothing else."""
 
+    def __init__(self, before=None):
+        pass
+
     def copy_started(self) -> None:
         pass
 
-    copy_done = step_done = copy_started
+    copy_done = wait_started = wait_done = copy_started
+
+    def step_done(self, host_wait_s: float = 0.0) -> None:
+        pass
+
+    def last_end(self):
+        return None
 
     def totals(self):
-        return 0.0, 0.0
+        return 0.0, 0.0, None
 
 
 class Interval:
@@ -100,8 +156,10 @@ class Interval:
     this interval's work to run meanwhile, so logging never drains a GPU's queue. That
     one `.tolist()` per interval is the loop's only host read, and it gives the exact
     step of a first non-finite loss. `flush` returns the last record. Each step's time is
-    split into copy (host-to-device) and compute (forward, backward, update); data wait
-    is measured by the loop around its `next()`.
+    split into copy (host-to-device, and on CUDA the wait for a prefetched copy) and
+    compute (forward, backward, update); data wait is the loop's host time around its
+    `next()`, and on CUDA the GPU's idle time within it (CudaTimer; the host's time is
+    then the record's `host_fetch_s`).
     """
 
     def __init__(self, device: torch.device, start_step: int, timed: bool = True):
@@ -114,16 +172,21 @@ class Interval:
         self._ended = None
         self.reset(start_step)
 
-    def reset(self, start_step: int) -> None:
+    def reset(self, start_step: int, before=None) -> None:
+        """A new interval from `start_step`; `before`: the end event of the step just
+        before it, when that step ran just before (close), so that its first step's idle
+        time is measured too."""
         self.start_step = start_step
         self.steps = self.micro = self.samples = self.skipped = 0
         self.samples_done = 0         # samples of the interval's completed steps
         self.losses = []              # 0-dim device tensors: a list append costs less than
                                       # writing into a buffer (an indexing op per step)
         self.micro_ends = []          # micro-batch count after each step of the interval
-        self.timer = self._timer_class()
+        self.timer = self._timer_class(before=before)
         self.copy_started, self.copy_done = self.timer.copy_started, self.timer.copy_done
+        self.wait_started, self.wait_done = self.timer.wait_started, self.timer.wait_done
         self.data_wait_s = 0.0
+        self._waited_before_step = 0.0   # data_wait_s at the end of the last step
         self.counts = {}              # name -> total of the interval (nt.watch: host reads)
         self.t0 = time.perf_counter()
 
@@ -137,7 +200,8 @@ class Interval:
         self.counts[name] = self.counts.get(name, 0) + n
 
     def end_step(self) -> None:
-        self.timer.step_done()
+        self.timer.step_done(self.data_wait_s - self._waited_before_step)
+        self._waited_before_step = self.data_wait_s
         self.steps += 1
         self.micro_ends.append(self.micro)
         self.samples_done = self.samples
@@ -156,7 +220,7 @@ class Interval:
         device is time the device spends on its steps, so it is counted as theirs.
         """
         ended = EndedInterval(self, step, epoch, lr)
-        self.reset(step)
+        self.reset(step, before=self.timer.last_end())
         previous, self._ended = self._ended, ended
         return previous.record() if previous is not None else None
 
@@ -211,10 +275,13 @@ class EndedInterval:
             "interval_s": elapsed, "time_s": self.time_s + waited_s,
         }
         if self.timer is not None:
-            copy_s, compute_s = self.timer.totals()
+            copy_s, compute_s, idle_s = self.timer.totals()
             record.update(copy_s=copy_s / steps, compute_s=compute_s / steps,
                           copy_frac=min(copy_s / elapsed, 1.0),
                           compute_frac=min(compute_s / elapsed, 1.0))
+            if idle_s is not None:   # CUDA: the GPU's idle time while the host fetched
+                record.update(data_wait_s=idle_s / steps, data_wait_frac=min(idle_s / elapsed, 1.0),
+                              host_fetch_s=self.data_wait_s / steps)
         if self.skipped:
             record["skipped_steps"] = self.skipped
         record.update({f"{name}_per_step": n / steps for name, n in self.counts.items()})
@@ -279,9 +346,12 @@ def allocator_fields(device: torch.device) -> dict:
     """The CUDA caching allocator's counters: host-side, no sync. Empty off CUDA."""
     if device.type != "cuda":
         return {}
-    return {"cuda_allocated_mb": torch.cuda.memory_allocated(device) / 2**20,
-            "cuda_reserved_mb": torch.cuda.memory_reserved(device) / 2**20,
-            "cuda_peak_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20}
+    # one memory_stats: memory_allocated, memory_reserved and max_memory_allocated each
+    # build this whole dictionary to read one entry of it (torch/cuda/memory.py)
+    stats = torch.cuda.memory_stats(device)
+    return {"cuda_allocated_mb": stats.get("allocated_bytes.all.current", 0) / 2**20,
+            "cuda_reserved_mb": stats.get("reserved_bytes.all.current", 0) / 2**20,
+            "cuda_peak_allocated_mb": stats.get("allocated_bytes.all.peak", 0) / 2**20}
 
 
 class MemorySampler:
@@ -321,11 +391,41 @@ def _nvml_handle(device: torch.device):
             pynvml.nvmlInit()
             index = device.index if device.index is not None else torch.cuda.current_device()
             uuid = str(torch.cuda.get_device_properties(index).uuid)
-            uuid = uuid if uuid.startswith(("GPU-", "MIG-")) else "GPU-" + uuid
-            _nvml_handles[device.index] = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+            _nvml_handles[device.index] = _handle_by_uuid(pynvml, uuid)
         except Exception:   # no driver, no package, no GPU: the fields are simply absent
             _nvml_handles[device.index] = None
     return _nvml_handles[device.index]
+
+
+def _handle_by_uuid(pynvml, uuid: str):
+    """The NVML handle for torch's UUID of a device, which comes without NVML's prefix:
+    'GPU-' for a whole GPU, 'MIG-' for a MIG instance (CUDA_VISIBLE_DEVICES=MIG-...).
+    Each is tried; None when neither names a device."""
+    names = [uuid] if uuid.startswith(("GPU-", "MIG-")) else ["GPU-" + uuid, "MIG-" + uuid]
+    for name in names:
+        try:
+            return pynvml.nvmlDeviceGetHandleByUUID(name)
+        except Exception:   # NVMLError_NotFound: the other prefix, then nothing
+            continue
+    return None
+
+
+def _nvml_memory(nvml, handle) -> dict:
+    mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+    return {"nvml_used_mb": mem.used / 2**20, "nvml_total_mb": mem.total / 2**20}
+
+
+def _nvml_utilisation(nvml, handle) -> dict:
+    return {"gpu_util_pct": float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)}
+
+
+def _nvml_power(nvml, handle) -> dict:
+    return {"power_w": nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0}
+
+
+# each read alone: a MIG instance reports its memory but not utilisation or power
+# (NVML_ERROR_NOT_SUPPORTED), and some boards do not report power
+_NVML_READS = (_nvml_memory, _nvml_utilisation, _nvml_power)
 
 
 def nvml_fields(device: torch.device) -> dict:
@@ -334,11 +434,9 @@ def nvml_fields(device: torch.device) -> dict:
         return {}
     import pynvml
     fields = {}
-    try:
-        mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-        fields.update(nvml_used_mb=mem.used / 2**20, nvml_total_mb=mem.total / 2**20)
-        fields["gpu_util_pct"] = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-        fields["power_w"] = pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
-    except Exception:   # some boards do not report power or utilisation
-        pass
+    for read in _NVML_READS:
+        try:
+            fields.update(read(pynvml, handle))
+        except Exception:   # not supported on this device: that field is absent
+            pass
     return fields

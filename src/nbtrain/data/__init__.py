@@ -1,6 +1,8 @@
 """The data path: build the batch source for a run and resolve its "auto" settings."""
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Callable, Dict, Tuple
 
 import torch
@@ -12,10 +14,11 @@ from .batches import (ByValue, EpochBatchSampler, GivenLoader, LoaderBatches, Te
                       as_tensors, describe_bad_sample, length_of, source_of)
 from .errors import CorruptRecordError
 from .nested import map_leaves
+from .prefetch import CudaPrefetcher, mark_waits
 
 __all__ = ["make_batches", "make_mover", "first_batch", "describe_bad_sample", "TensorBatches",
            "pack_lmdb", "LMDBDataset", "pack_tfrecord", "TFRecordDataset", "CorruptRecordError",
-           "prefetch_to_device"]
+           "prefetch_to_device", "mark_waits", "source_mover", "stays_on_device"]
 
 
 def __getattr__(name):   # lmdb and tfrecord are imported only by those who use them
@@ -76,12 +79,38 @@ def _tensor_source(tensors, cfg: TrainConfig, device, resolved: Resolved):
     resolved["num_workers"] = (0, "in-memory tensors: batched fetch beats worker processes")
     on_device, why = _resolve_on_device(tensors, cfg, device)
     resolved["data_on_device"] = (on_device, why)
-    source = TensorBatches(tensors, cfg.batch_size, cfg.shuffle, cfg.drop_last, cfg.seed)
-    if on_device:
-        source.to(device)
+    copied = on_device and not all(_already_on(t, device) for t in tensors)
+    if copied and cfg.channels_last:   # laid out once, as they are copied: not every step
+        source = KeptLayoutBatches(tensors, cfg.batch_size, cfg.shuffle, cfg.drop_last, cfg.seed)
+        source.tensors = tuple(_channels_last(t, device) for t in tensors)
+    else:
+        source = TensorBatches(tensors, cfg.batch_size, cfg.shuffle, cfg.drop_last, cfg.seed)
+        if on_device:
+            source.to(device)
     resolved["pin_memory"] = _resolve_pin(cfg, device, on_device)
     source.pin = resolved["pin_memory"][0]
     return source
+
+
+def stays_on_device(tensors, cfg: TrainConfig, device) -> bool:
+    """Whether `tensors` will live on `device` for the run (data_on_device resolved)."""
+    return _resolve_on_device(tensors, cfg, device)[0]
+
+
+def _channels_last(tensor: torch.Tensor, device) -> torch.Tensor:
+    """`tensor` on `device`, an image batch (4-D) in channels_last: one copy does both."""
+    if tensor.dim() != 4:
+        return tensor.to(device)
+    return tensor.to(device, memory_format=torch.channels_last)
+
+
+class KeptLayoutBatches(TensorBatches):
+    """Resident channels_last images whose batches stay channels_last: a shuffled batch is
+    gathered by indexing, which keeps the source's strides, where index_select returns a
+    contiguous (NCHW) tensor that the mover would convert again every step."""
+
+    def _gather(self, tensor: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        return tensor[idx] if tensor.dim() == 4 else super()._gather(tensor, idx)
 
 
 def _resolve_on_device(tensors, cfg: TrainConfig, device) -> Tuple[bool, str]:
@@ -217,7 +246,9 @@ def first_batch(source):
 
 def make_mover(device: torch.device, pinned: bool, resident: bool,
                channels_last: bool) -> Callable:
-    """The function that puts a batch on `device`: identity when it is already there."""
+    """The function that puts a batch on `device`: identity when it is already there. A
+    resident channels_last batch is already laid out so (KeptLayoutBatches), and the
+    mover's `contiguous` returns it as it is (a stride check, no copy)."""
     if resident and not channels_last:
         return _identity
     non_blocking = pinned   # only a copy from pinned memory can be asynchronous
@@ -226,7 +257,7 @@ def make_mover(device: torch.device, pinned: bool, resident: bool,
         if not isinstance(leaf, torch.Tensor):
             # an object that moves itself (a graph, a user's batch class); strings and
             # numbers stay as they are
-            return leaf.to(device) if callable(getattr(leaf, "to", None)) else leaf
+            return _moved_object(leaf, device, non_blocking)
         leaf = leaf.to(device, non_blocking=non_blocking)
         if channels_last and leaf.dim() == 4:
             leaf = leaf.contiguous(memory_format=torch.channels_last)
@@ -237,8 +268,38 @@ def make_mover(device: torch.device, pinned: bool, resident: bool,
     return move
 
 
+def _moved_object(leaf, device: torch.device, non_blocking: bool):
+    """`leaf.to(device)`, non_blocking where its `to` takes it (PyG's Data, DGL's graphs
+    do): without it a copy from pinned memory blocks the host, and on the prefetcher's
+    side stream the compute it was to overlap."""
+    to = getattr(leaf, "to", None)
+    if not callable(to):
+        return leaf
+    if non_blocking and _takes_non_blocking(type(leaf)):
+        return to(device, non_blocking=True)
+    return to(device)
+
+
+@functools.lru_cache(maxsize=128)
+def _takes_non_blocking(cls) -> bool:
+    """Whether `cls.to` accepts non_blocking=... (by name, or through **kwargs); asked
+    once per class, not per batch."""
+    try:
+        parameters = inspect.signature(cls.to).parameters.values()
+    except (TypeError, ValueError):   # a builtin without a signature
+        return False
+    return any(p.name == "non_blocking" or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
 def _identity(batch):
     return batch
+
+
+def source_mover(batches, move: Callable) -> Callable:
+    """What puts a batch of `batches`' source on the device: under a CudaPrefetcher the
+    step's `move` is the identity (its batches arrive on the device), and the
+    prefetcher's own mover copies; else `move`."""
+    return batches.move if isinstance(batches, CudaPrefetcher) else move
 
 
 def resolve_prefetch(cfg: TrainConfig, device, resident: bool, pinned: bool):
@@ -257,5 +318,4 @@ def resolve_prefetch(cfg: TrainConfig, device, resident: bool, pinned: bool):
 
 
 def prefetch_to_device(source, move, device):
-    from .prefetch import CudaPrefetcher
     return CudaPrefetcher(source, move, device)

@@ -45,6 +45,53 @@ def tensors(batch) -> List[torch.Tensor]:
     return found
 
 
+_PLAIN = (str, bytes, int, float, complex, bool, type(None))
+
+
+def held_tensors(batch, depth: int = 4) -> List[torch.Tensor]:
+    """Every tensor in `batch`, and the device tensors held inside its other leaves: the
+    attributes of an object that moves itself (a PyG graph keeps its tensors in a mapping
+    attribute, a user's batch class or a dataclass in plain ones), `depth` objects deep,
+    each object visited once; host tensors an object keeps of its own are left out. What
+    a CUDA stream must be told a batch holds (Tensor.record_stream, which host tensors do
+    not take): a tensor missed here could have its memory handed out again while still
+    in use."""
+    found: List[torch.Tensor] = []
+    seen = set()
+
+    def visit(item, depth: int, inside: bool) -> None:
+        if isinstance(item, torch.Tensor):
+            if not (inside and item.is_cpu):
+                found.append(item)
+            return
+        if isinstance(item, _PLAIN) or id(item) in seen:
+            return
+        seen.add(id(item))
+        if isinstance(item, (tuple, list)):
+            parts = item
+        elif isinstance(item, Mapping):
+            parts = item.values()
+        elif depth > 0:
+            parts, depth, inside = _attributes(item), depth - 1, True
+        else:
+            return
+        for part in parts:
+            visit(part, depth, inside)
+    visit(batch, depth, inside=False)
+    return found
+
+
+def _attributes(obj) -> list:
+    """An object's attribute values: its __dict__'s and its __slots__'."""
+    values = list(vars(obj).values()) if hasattr(obj, "__dict__") else []
+    for cls in type(obj).__mro__:
+        slots = getattr(cls, "__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__") and hasattr(obj, name):
+                values.append(getattr(obj, name))
+    return values
+
+
 def structure(batch, leaf: Callable):
     """A comparable summary of `batch`: `leaf(x)` for each leaf, a tuple for a tuple or a
     list alike, a mapping as its (key, summary) pairs sorted by key (so key order does not

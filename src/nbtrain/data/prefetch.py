@@ -5,26 +5,41 @@ from typing import Callable, Iterator
 
 import torch
 
-from .nested import tensors
+from .nested import held_tensors
 
 
 def _record_stream(batch, stream) -> None:
-    """Tell the caching allocator `batch` is used on `stream`: without this, memory
-    allocated on the side stream could be reused while the main stream still reads it."""
-    for tensor in tensors(batch):
+    """Tell the caching allocator `batch` is used on `stream`: its memory was allocated on
+    the side stream, and without this it could be handed out again (to a later batch's
+    copy) while `stream` still reads it (Tensor.record_stream). Every tensor counts, those
+    inside an object that moved itself (a graph, a batch class) too."""
+    for tensor in held_tensors(batch):
         tensor.record_stream(stream)
+
+
+class _Unmarked:
+    """No timer: the wait for a copy is not timed (telemetry off, or no loop attached)."""
+
+    def wait_started(self) -> None:
+        pass
+
+    wait_done = wait_started
 
 
 class CudaPrefetcher:
     """Wraps a batch source; its epochs yield batches already on the device.
 
     While the loop runs step k on the default stream, batch k+1 is copied (from pinned
-    memory, non_blocking) on `self.stream`, so copy and compute overlap.
+    memory, non_blocking) on `self.stream`, so copy and compute overlap. `move` is the
+    mover that copies (the step's own is the identity); `markers` time the compute
+    stream's wait for each copy (`mark_waits`: the loop's Interval), so that a copy the
+    step had to wait for counts as copy time.
     """
 
     def __init__(self, source, move: Callable, device: torch.device):
         self.source, self.move, self.device = source, move, device
         self.stream = torch.cuda.Stream(device)
+        self.markers = _Unmarked()
 
     def __len__(self) -> int:
         return len(self.source)
@@ -36,14 +51,22 @@ class CudaPrefetcher:
         with torch.cuda.stream(self.stream):
             return self.move(batch)
 
+    def _arrive(self, batch, current) -> None:
+        """Make `current` (the compute stream) wait on the GPU for the side stream's copy
+        of `batch`, timed by the markers; the host does not block."""
+        self.markers.wait_started()
+        current.wait_stream(self.stream)
+        self.markers.wait_done()
+        _record_stream(batch, current)
+
     def epoch(self, epoch: int, start: int = 0) -> Iterator:
         batches = iter(self.source.epoch(epoch, start))
         ahead = self._copy_ahead(batches)
         while ahead is not None:
-            current = torch.cuda.current_stream(self.device)
-            current.wait_stream(self.stream)   # GPU-side wait: the host does not block
             batch = ahead
-            _record_stream(batch, current)
+            # before batch k+1 is queued on the side stream: a wait queued after it would
+            # wait for that copy too (wait_stream waits for all the stream's work so far)
+            self._arrive(batch, torch.cuda.current_stream(self.device))
             try:
                 ahead = self._copy_ahead(batches)
             except Exception:
@@ -52,3 +75,11 @@ class CudaPrefetcher:
                 yield batch
                 raise
             yield batch
+
+
+def mark_waits(batches, markers) -> None:
+    """Time a CudaPrefetcher's waits for its copies with `markers` (`wait_started`,
+    `wait_done`: the loop's Interval); other batch sources copy in the step, where its
+    own copy markers time them."""
+    if isinstance(batches, CudaPrefetcher):
+        batches.markers = markers
