@@ -253,6 +253,8 @@ class Watcher:
             self.run.resolved["loop"] = ("your own", "nt.watch: the loop you wrote, watched")
             self.run.resolved.setdefault("device", (str(device), "your loop's: where the model is"))
             self.interval = Interval(device, self.run.step, self.run.config.telemetry)
+            if device.type == "cuda":   # the watch's peak, not the kernel's
+                torch.cuda.reset_peak_memory_stats(device)
 
     # -- optimizer steps ----------------------------------------------------------------------
     def _before_step(self, optimizer, args, kwargs) -> None:
