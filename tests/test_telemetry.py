@@ -264,3 +264,11 @@ def test_a_compiled_runs_summary_reports_the_warm_up_apart():
     split = warmup_split([first, steady, steady, steady])
     assert split["compile_warmup_s"] == pytest.approx(3.0)
     assert split["steady_samples_per_s"] == pytest.approx(6400)
+
+
+def test_copy_bound_advice_leaves_out_what_the_run_already_has():
+    copy_bound = {"data_wait_frac": 0.0, "copy_frac": 0.6, "compute_frac": 0.4}
+    pinned = {"device": ("cuda:0", ""), "pin_memory": (True, ""), "data_on_device": (False, "")}
+    text = diagnosis.diagnose(copy_bound, pinned)
+    assert text.startswith("copy-bound: 60%") and "pin_memory=True" not in text
+    assert "data_on_device=True" in text

@@ -78,7 +78,7 @@ def _bottleneck(fractions: dict, resolved: dict) -> str:
         return f"input-bound: {waited} - try " + _input_fixes(resolved)
     if copy >= INPUT_BOUND:
         return (f"copy-bound: {copy:.0%} of each step copied batches to the device - try "
-                "data_on_device=True or pin_memory=True")
+                + _copy_fixes(resolved))
     compute = fractions.get("compute_frac", 1.0 - wait - copy)
     mfu = fractions.get("mfu")
     if mfu is not None:
@@ -124,6 +124,13 @@ def _input_fixes(resolved: dict) -> str:
     tips.append("prefetch_factor=4 / persistent_workers=True" if workers else
                 "a packed format (nt.data.pack_lmdb)")
     return " or ".join(tips)
+
+
+def _copy_fixes(resolved: dict) -> str:
+    """What moves fewer bytes per step, leaving out what the run already has."""
+    tips = [tip for name, tip in (("data_on_device", "data_on_device=True"),
+                                  ("pin_memory", "pin_memory=True")) if not _value(resolved, name)]
+    return " or ".join(tips + ["a smaller input dtype (uint8 images, cast on the device)"])
 
 
 def _compute_fixes(resolved: dict) -> str:
