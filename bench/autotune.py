@@ -25,6 +25,7 @@ from torch.nn import functional as F
 from torch.utils.data import Dataset
 
 import nbtrain as nt
+from nbtrain.flops import machine_line
 from nbtrain.autotune import (Trials, autotune, candidate_settings, data_kind, search_space)
 from nbtrain.data import available_cores
 from nbtrain.devices import resolve_device
@@ -132,6 +133,7 @@ def tensor_case(args) -> None:
 
 
 def main() -> None:
+    print(machine_line())   # the caption: which CPU, its bf16 units, the load
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--budget", type=float, default=15.0, help="autotune budget, seconds")
     parser.add_argument("--grid-trial", type=float, default=2.0,

@@ -31,6 +31,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import nbtrain as nt
+from nbtrain.flops import machine_line
 from nbtrain.config import TrainConfig
 from nbtrain.data import make_batches
 
@@ -239,6 +240,7 @@ def evict(file: str) -> None:
 
 
 def main(argv=None):
+    print(machine_line())   # the caption: which CPU, its bf16 units, the load
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args(argv)

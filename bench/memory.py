@@ -16,6 +16,7 @@ import time
 
 import torch
 from torch import nn
+from nbtrain.flops import machine_line
 
 
 def model():
@@ -45,6 +46,7 @@ def main():
         setting = json.loads(sys.argv[2])
         print(json.dumps(measure(setting)))
         return
+    print(machine_line())   # the caption: which CPU, its bf16 units, the load
     print("| activation_checkpointing | saved for backward MiB | step ms |")
     print("|---|---:|---:|")
     for setting in (False, True, 2):

@@ -26,6 +26,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import nbtrain as nt
+from nbtrain.flops import machine_line
 from nbtrain.flops import cpu_model, percent
 
 CASES = {
@@ -52,6 +53,7 @@ def one_run(case: dict, threads: int):
 
 
 def main(argv=None):
+    print(machine_line())   # the caption: which CPU, its bf16 units, the load
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)

@@ -19,6 +19,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import nbtrain as nt
+from nbtrain.flops import machine_line
 from nbtrain.demo import PLAIN, digits_cnn
 
 
@@ -70,6 +71,7 @@ def measure(make_model, x, y, repeats: int, batch_size=64, lr=1e-3) -> dict:
 
 
 def main(argv=None):
+    print(machine_line())   # the caption: which CPU, its bf16 units, the load
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")

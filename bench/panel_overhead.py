@@ -25,6 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import nbtrain as nt
+from nbtrain.flops import machine_line
 from nbtrain.dashboard import Dashboard
 from nbtrain.demo import digits_cnn
 from nbtrain.panel import Panel
@@ -93,6 +94,7 @@ def measure(make_model, data, cfg, repeats: int) -> dict:
 
 
 def main(argv=None) -> int:
+    print(machine_line())   # the caption: which CPU, its bf16 units, the load
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")

@@ -21,6 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import nbtrain as nt
+from nbtrain.flops import machine_line
 from nbtrain.devices import available_cores
 
 
@@ -82,6 +83,7 @@ def gpu_table(repeats: int, epochs: int) -> None:
 
 
 def main():
+    print(machine_line())   # the caption: which CPU, its bf16 units, the load
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=2)

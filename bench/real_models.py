@@ -25,6 +25,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
 import nbtrain as nt
+from nbtrain.flops import machine_line
 from nbtrain.data import available_cores
 
 BATCH, LR = 64, 1e-3
@@ -177,6 +178,7 @@ def measure(case, repeats: int, steps: int) -> dict:
 
 
 def main():
+    print(machine_line())   # the caption: which CPU, its bf16 units, the load
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=40)

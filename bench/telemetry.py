@@ -19,6 +19,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import nbtrain as nt
+from nbtrain.flops import machine_line
 
 
 def epoch_time(x, y, **overrides) -> float:
@@ -31,6 +32,7 @@ def epoch_time(x, y, **overrides) -> float:
 
 
 def main(argv=None):
+    print(machine_line())   # the caption: which CPU, its bf16 units, the load
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=21)
     args = parser.parse_args(argv)

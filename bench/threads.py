@@ -20,6 +20,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
 import nbtrain as nt
+from nbtrain.flops import machine_line
 from nbtrain.data import available_cores
 
 WORKERS, BATCH, EPOCHS = 1, 64, 2
@@ -70,6 +71,7 @@ def nbtrain_loop(data, threads) -> float:
 
 
 def main():
+    print(machine_line())   # the caption: which CPU, its bf16 units, the load
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()

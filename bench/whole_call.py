@@ -29,8 +29,7 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, os.path.dirname(__file__))
 import nbtrain as nt   # noqa: E402
 from nbtrain.demo import digits_cnn   # noqa: E402
-from nbtrain.devices import cpu_bf16_feature   # noqa: E402
-from nbtrain.flops import cpu_model   # noqa: E402
+from nbtrain.flops import machine_line   # noqa: E402
 from real_models import Images, Tokens, bert   # noqa: E402
 
 BATCH, LR = 64, 1e-3
@@ -106,10 +105,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
-    load = os.getloadavg()[0]
-    print(f"CPU {cpu_model()} ({os.cpu_count()} cores, {cpu_bf16_feature() or 'no bf16 units'}), "
-          f"torch {torch.__version__}, load average {load:.1f}; median of {args.repeats} "
-          "interleaved whole calls, a new Dataset object each\n")
+    print(f"{machine_line()}\nmedian of {args.repeats} interleaved whole calls, a new "
+          "Dataset object each\n")
     print("| case | way | s per call | spread | vs plain loop (paired median) |")
     print("|---|---|---:|---:|---:|")
     for label, make_model, make_data, loss_fn, epochs in cases():

@@ -385,3 +385,15 @@ def percent(mfu: float) -> str:
 
 def _name_of(fn) -> str:
     return "" if fn is None else getattr(fn, "__qualname__", type(fn).__qualname__)
+
+
+def machine_line() -> str:
+    """The machine a measurement ran on, for the caption of a bench's table: the CPU, its
+    cores and bf16 units, torch's version and threads, the 1-minute load average (a
+    figure measured under load says so next to it)."""
+    from .devices import available_cores, cpu_bf16_feature
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
+    return (f"Machine: CPU {cpu_model()} ({available_cores()} cores, "
+            f"{cpu_bf16_feature() or 'no bf16 units'}){gpu}, torch {torch.__version__}, "
+            f"{torch.get_num_threads()} threads, load average {load:.1f}")
