@@ -332,3 +332,53 @@ def test_a_setting_the_loop_decides_is_a_config_error_naming_it():
     with pytest.raises(ConfigError, match="amp"):
         nt.watch(amp="fp8")
     assert_left_as_found()
+
+
+class SlowRows(torch.utils.data.Dataset):
+    """A per-sample dataset that waits on each read, as one over files does; it notes
+    which process read each sample."""
+
+    def __init__(self, n=256, sleep_s=0.002):
+        self.x, self.y = data(n)
+        self.sleep_s = sleep_s
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        import os
+        import time
+        time.sleep(self.sleep_s)
+        info = torch.utils.data.get_worker_info()
+        return self.x[i], self.y[i], torch.tensor(os.getpid() if info else 0)
+
+
+def test_a_loop_that_waits_for_its_per_sample_data_gets_workers_from_its_second_epoch(monkeypatch):
+    import psutil
+    monkeypatch.setattr("nbtrain.watcher.available_cores", lambda: 2)
+    model = net(dropout=0.0)
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    unwatched = DataLoader(SlowRows(), batch_size=32, shuffle=True,
+                           generator=torch.Generator().manual_seed(4))
+    plain = [b for _ in range(3) for b in unwatched]
+    seen = []
+    with nt.watch(**QUIET) as run:
+        loader = DataLoader(SlowRows(), batch_size=32, shuffle=True,
+                            generator=torch.Generator().manual_seed(4))
+        for epoch in range(3):
+            for xb, yb, pids in loader:
+                seen.append((xb, yb, pids))
+                F.cross_entropy(model(xb), yb).backward()
+                opt.step()
+                opt.zero_grad()
+    assert len(seen) == len(plain) == 24
+    for (a, b, _), (c, d, _) in zip(plain, seen):   # the same batches, in the same order
+        assert torch.equal(a, c) and torch.equal(b, d)
+    loaded_by = [set(p.tolist()) for _, _, p in seen]
+    assert all(s == {0} for s in loaded_by[:8])               # epoch 1: in this process
+    assert all(0 not in s for s in loaded_by[8:])            # then: worker processes
+    workers, why = run.resolved["num_workers"]
+    assert workers == 1 and "the loop waited for data" in why, why
+    assert loader.num_workers == 0 and loader._iterator is None   # your loader as it was
+    assert not psutil.Process().children(recursive=True)       # no worker left behind
+    assert_left_as_found()

@@ -30,14 +30,16 @@ from typing import Optional
 import torch
 from torch.optim.optimizer import (register_optimizer_step_post_hook,
                                    register_optimizer_step_pre_hook)
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 from torch.utils.data import default_collate
 
 from . import checkpoint as ckpt
 from . import flops
 from .config import SETTINGS, ConfigError, TrainConfig, as_config
+from .data import shippable
+from .data.batches import stop_workers
 from .data.nested import batch_len
-from .devices import cpu_bf16_choice, cpu_bf16_feature, gpu_has_bf16
+from .devices import available_cores, cpu_bf16_choice, cpu_bf16_feature, gpu_has_bf16
 from .loop import flush_interval, log_interval
 from .memory import leaves_no_trace
 from .optim import apply_impl, impl_for
@@ -102,6 +104,10 @@ class Watcher:
         self._iterations = weakref.WeakKeyDictionary()
         self._at_boundary = True
         self._collates_tensors = False  # the loop's DataLoader collates tensors sample by sample
+        self._epoch_wait = None         # the share of the last whole epoch spent waiting for data
+        self._chosen_workers = None
+        self._shadows = weakref.WeakKeyDictionary()           # your loader -> one with workers
+        self._shadow_iterators = weakref.WeakKeyDictionary()  # your loader -> that one's iterator
         self._started = time.perf_counter()
 
     # -- install and undo -------------------------------------------------------------------
@@ -133,6 +139,7 @@ class Watcher:
         for name in ("cpu", "numpy"):
             self._patch(torch.Tensor, name, self._counting(grad_counts=False))
         self._patch(DataLoader, "__iter__", self._wrap_iter)
+        self._keep(self._stop_shadow_workers)   # undone first: before torch's iterator is back
 
     def _keep(self, undo) -> None:
         self._undo.append(undo)
@@ -323,21 +330,77 @@ class Watcher:
 
     def _timed_batches(self, loader, original):
         self._new_epoch(loader)
-        batches = iter(self._fetch_batched(loader) if self._batched(loader) else original(loader))
+        batches = iter(self._source(loader, original))
+        epoch_start, waited = time.perf_counter(), 0.0
         while True:
             self._stop_if_asked()
             start = time.perf_counter()
             try:
                 batch = next(batches)
             except StopIteration:
+                if self._training_loader() is loader:   # a whole epoch: what it waited
+                    self._epoch_wait = waited / max(time.perf_counter() - epoch_start, 1e-9)
                 return
             finally:
+                wait = time.perf_counter() - start
+                waited += wait
                 if self.interval is not None:
-                    self.interval.data_wait_s += time.perf_counter() - start
+                    self.interval.data_wait_s += wait
             if self._collates_tensors and self.interval is not None and \
                     self._training_loader() is loader:
                 self.interval.count("collated_samples", _samples_in((batch,), {}))
             yield batch
+
+    def _source(self, loader, original):
+        """Where this pass's batches come from: one index op per batch, the loader's
+        batches loaded by worker processes, or the loader as it is."""
+        if self._batched(loader):
+            return self._fetch_batched(loader)
+        workers = self._workers_for(loader)
+        if not workers:
+            return original(loader)
+        shadow = self._shadows.get(loader)
+        if shadow is None or shadow.num_workers != workers:
+            shadow = self._shadows[loader] = _served_by_workers(loader, workers, self.run.config)
+        elif loader in self._shadow_iterators:
+            # kept workers reset their iterator without its base-seed draw: draw it as the
+            # loader's own new iterator would, so the sampler's order stays the loader's
+            torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
+        self._shadow_iterators[loader] = iterator = original(shadow)   # torch's own iterator
+        return iterator
+
+    def _workers_for(self, loader) -> int:
+        """Worker processes for the loop's per-sample loader: as asked, or, with "auto",
+        once a whole epoch of the loop itself waited for data a real share of its time
+        (measured on the loop's own steps: nothing is run to find out)."""
+        cfg = self.run.config
+        if not self.optimize or self._training_loader() is not loader or _batchable(loader) \
+                or isinstance(loader.dataset, IterableDataset) or loader.batch_sampler is None:
+            return 0
+        if cfg.num_workers != "auto":
+            self.run.resolved["num_workers"] = (cfg.num_workers, "asked for: your loader's "
+                                                "batches loaded by that many worker(s), for "
+                                                "the watch only")
+            return cfg.num_workers
+        if self._chosen_workers is None and self._epoch_wait is not None and not loader.num_workers:
+            self._chosen_workers = self._choose_workers(self._epoch_wait)
+        return self._chosen_workers or 0
+
+    def _choose_workers(self, share: float) -> int:
+        cores = available_cores()
+        if share < WAITS_FOR_DATA or cores < 2:
+            return 0
+        workers = min(8, cores - 1)   # fit's rule: training keeps a core
+        self.run.resolved["num_workers"] = (workers, (
+            f"the loop waited for data {share:.0%} of epoch {self.run.epoch}: from epoch "
+            f"{self.run.epoch + 1} your loader's batches are loaded by {workers} worker(s) "
+            "(its sampler, generator and collate kept; for the watch only)"))
+        return workers
+
+    def _stop_shadow_workers(self) -> None:
+        for loader, iterator in list(self._shadow_iterators.items()):
+            stop_workers(iterator, self._shadows.get(loader))
+        self._shadows.clear()
 
     def _new_epoch(self, loader) -> None:
         """Each pass over the first loader the loop iterates starts an epoch."""
@@ -518,6 +581,22 @@ def _as_float32(output):
     if isinstance(output, tuple) and not hasattr(output, "_fields"):
         return tuple(_as_float32(o) for o in output)
     return output
+
+
+WAITS_FOR_DATA = 0.25   # a quarter of an epoch waiting for data: worker processes may pay
+
+
+def _served_by_workers(loader, workers: int, cfg) -> DataLoader:
+    """A DataLoader that loads `loader`'s batches with `workers` processes: its batch
+    sampler (so the same batches in the same order), generator, collate, pinning and
+    worker init; workers kept across epochs."""
+    dataset = shippable(loader.dataset, cfg.multiprocessing_context)
+    return DataLoader(dataset, batch_sampler=loader.batch_sampler, num_workers=workers,
+                      collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
+                      generator=loader.generator, worker_init_fn=loader.worker_init_fn,
+                      timeout=loader.timeout, persistent_workers=True,
+                      prefetch_factor=cfg.prefetch_factor,
+                      multiprocessing_context=cfg.multiprocessing_context)
 
 
 def _batchable(loader) -> bool:
