@@ -382,3 +382,24 @@ def test_a_loop_that_waits_for_its_per_sample_data_gets_workers_from_its_second_
     assert loader.num_workers == 0 and loader._iterator is None   # your loader as it was
     assert not psutil.Process().children(recursive=True)       # no worker left behind
     assert_left_as_found()
+
+
+def test_a_setting_the_watch_does_not_apply_yet_is_refused_not_ignored():
+    for name, value in (("pin_memory", True), ("channels_last", True),
+                        ("prefetch_to_device", True), ("persistent_workers", True)):
+        with pytest.raises(ConfigError, match=f"TrainConfig.{name} is not applied to a loop of your own yet"):
+            nt.watch(**{name: value})
+    with pytest.raises(ConfigError, match="on_nan='skip' would skip your loop's update"):
+        nt.watch(on_nan="skip")
+
+
+def test_num_threads_applies_for_the_watch_only():
+    x, y = data()
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    before, during = torch.get_num_threads(), []
+    with nt.watch(num_threads=1, **QUIET) as run:
+        train(model, opt, loader_of(x, y), epochs=1,
+              every_step=lambda n: during.append(torch.get_num_threads()))
+    assert set(during) == {1} and torch.get_num_threads() == before
+    assert run.resolved["num_threads"] == (1, "asked for (for the watch only)")

@@ -48,9 +48,17 @@ from .telemetry import Interval
 
 # The TrainConfig fields a watch can apply to someone else's loop; the rest (epochs,
 # batch_size, optimizer, lr, scheduler, ...) the loop itself decides.
-OWN_LOOP_FIELDS = ("amp", "batched_fetch", "pin_memory", "prefetch_to_device", "num_workers",
-                   "persistent_workers", "num_threads", "optimizer_impl", "channels_last",
-                   "log_every", "count_flops", "telemetry", "history_limit", "device", "on_nan")
+OWN_LOOP_FIELDS = ("amp", "batched_fetch", "num_workers", "num_threads", "optimizer_impl",
+                   "log_every", "count_flops", "telemetry", "history_limit", "on_nan")
+# Settings a watch does not apply yet: asked for, they are refused rather than ignored.
+NOT_YET = {
+    "pin_memory": "pinned copies need your loop's .to(device, non_blocking=True): "
+                  "DataLoader(..., pin_memory=True) in your code",
+    "prefetch_to_device": "the copy is in your loop's code (.to(device))",
+    "channels_last": "convert in your code: model.to(memory_format=torch.channels_last) and "
+                     "xb.to(memory_format=torch.channels_last)",
+    "persistent_workers": "the workers nt.watch starts are kept across epochs already",
+}
 KEPT = "your loop's own"
 
 
@@ -69,9 +77,17 @@ def own_loop_config(config, settings: dict) -> TrainConfig:
         if name not in SETTINGS:
             raise ConfigError(f"nt.watch() got an unknown setting {name!r}; it takes "
                               f"{', '.join(OWN_LOOP_FIELDS)}.", field=name)
-    loops = [name for name in settings if name not in OWN_LOOP_FIELDS] + [
-        name for name in SETTINGS if name not in OWN_LOOP_FIELDS
-        and getattr(base, name) != getattr(defaults, name) and name not in settings]
+    changed = [name for name in SETTINGS if name in settings
+               or getattr(base, name) != getattr(defaults, name)]
+    for name in changed:
+        if name in NOT_YET:
+            raise ConfigError(f"TrainConfig.{name} is not applied to a loop of your own yet: "
+                              f"{NOT_YET[name]}.", field=name)
+    if settings.get("on_nan", base.on_nan) == "skip":
+        raise ConfigError("TrainConfig.on_nan='skip' would skip your loop's update, which "
+                          "runs in your code: nt.watch takes on_nan='stop' (a non-finite loss "
+                          "ends the loop at the next step boundary).", field="on_nan")
+    loops = [name for name in changed if name not in OWN_LOOP_FIELDS]
     if loops:
         raise ConfigError(f"TrainConfig.{loops[0]} belongs to your loop: under nt.watch the loop "
                           f"you wrote decides it (its DataLoader, optimizer, scheduler, "
@@ -125,6 +141,12 @@ class Watcher:
             raise
 
     def _install_hooks(self) -> None:
+        threads = self.run.config.num_threads
+        if threads != "auto" and self.optimize:   # for the watch only, as fit does
+            before = torch.get_num_threads()
+            torch.set_num_threads(threads)
+            self._keep(lambda: torch.set_num_threads(before))
+            self.run.resolved["num_threads"] = (threads, "asked for (for the watch only)")
         self._keep(register_optimizer_step_pre_hook(self._before_step).remove)
         self._keep(register_optimizer_step_post_hook(self._after_step).remove)
         module_hooks = torch.nn.modules.module
@@ -189,7 +211,8 @@ class Watcher:
         self.model = model
         self.run.equip(model=model)
         self._ensure_interval(next(model.parameters()).device)
-        self.run.resolved["num_threads"] = (torch.get_num_threads(), KEPT + " (torch's setting)")
+        self.run.resolved.setdefault("num_threads", (torch.get_num_threads(),
+                                                     KEPT + " (torch's setting)"))
         started = time.perf_counter()
         self._inside = True
         try:
