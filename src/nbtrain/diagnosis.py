@@ -89,9 +89,9 @@ def _bottleneck(fractions: dict, resolved: dict) -> str:
 
 def _mfu_diagnosis(mfu: float, resolved: dict) -> str:
     if mfu < LAUNCH_BOUND_MFU:
-        more = "" if _value(resolved, "compile") else " or compile=True"
+        tips = ["a larger batch_size"] + _not_on(resolved, compile="compile=True")
         return (f"compute-bound at {percent(mfu)} MFU: the step is launch-bound (too little work "
-                f"per kernel) - try a larger batch_size{more}")
+                f"per kernel) - try {' or '.join(tips)}")
     if mfu >= NEAR_PEAK_MFU:
         return f"compute-bound at {percent(mfu)} MFU: near the hardware" + _near_peak_tip(resolved)
     return f"compute-bound at {percent(mfu)} MFU - try " + _compute_fixes(resolved)
@@ -128,8 +128,7 @@ def _input_fixes(resolved: dict) -> str:
 
 def _copy_fixes(resolved: dict) -> str:
     """What moves fewer bytes per step, leaving out what the run already has."""
-    tips = [tip for name, tip in (("data_on_device", "data_on_device=True"),
-                                  ("pin_memory", "pin_memory=True")) if not _value(resolved, name)]
+    tips = _not_on(resolved, data_on_device="data_on_device=True", pin_memory="pin_memory=True")
     return " or ".join(tips + ["a smaller input dtype (uint8 images, cast on the device)"])
 
 
@@ -140,10 +139,15 @@ def _compute_fixes(resolved: dict) -> str:
         return " / ".join(tips + ["model = torch.compile(model)",
                                   "a larger batch_size in your DataLoader"])
     tips = [f"amp={amp}"] if amp else []
-    tips += [tip for name, tip in (("channels_last", "channels_last=True (conv nets)"),
-                                   ("compile", "compile=True"))
-             if not _value(resolved, name)]   # never advise what the run already has
+    tips += _not_on(resolved, channels_last="channels_last=True (conv nets)",
+                    compile="compile=True")
     return " / ".join(tips + ["a larger batch_size"])
+
+
+def _not_on(resolved: dict, **tips: str) -> list:
+    """The tips (setting name -> advice) for settings the run does not have on: the
+    advice never names what the run already has."""
+    return [tip for name, tip in tips.items() if not _value(resolved, name)]
 
 
 def _amp_to_try(resolved: dict) -> Optional[str]:

@@ -126,10 +126,13 @@ def _measure(run: Run, setup: Setup, model, kept: dict, shard: Callable) -> None
     peak is the run's precision's and cores'); what each took, and how often it called
     your model (a loss or model that counts its calls sees these), in
     run.resolved["setup_s"]."""
-    cfg, device, parts, calls = run.config, setup.device, {}, {}
-    counting = model.register_forward_pre_hook(   # calls of your model that are not steps
-        lambda module, args: calls.__setitem__(next(reversed(parts)), calls.get(
-            next(reversed(parts)), 0) + 1) if parts else None)
+    parts, calls = {}, {}   # part -> seconds; part -> forward calls of your model
+
+    def count_call(module, args) -> None:   # a call of your model that is not a step
+        if parts:
+            running = next(reversed(parts))   # the part _timed is in
+            calls[running] = calls.get(running, 0) + 1
+    counting = model.register_forward_pre_hook(count_call)
     try:
         _measure_parts(run, setup, model, kept, shard, parts)
     finally:

@@ -117,7 +117,6 @@ class Watcher:
         self._losses = deque(maxlen=8)  # weak references to recent losses (kept graphs)
         self._optimizers = weakref.WeakSet()
         self._training_loader = None
-        self._iterations = weakref.WeakKeyDictionary()
         self._at_boundary = True
         self._collates_tensors = False  # the loop's DataLoader collates tensors sample by sample
         self._epoch_wait = None         # the share of the last whole epoch spent waiting for data
@@ -437,15 +436,16 @@ class Watcher:
         resolved, cfg = self.run.resolved, self.run.config
         resolved.setdefault("num_workers", (loader.num_workers, KEPT))
         resolved.setdefault("pin_memory", (loader.pin_memory, KEPT))
-        possible = _batchable(loader)
+        why_not = _why_not_batchable(loader)
+        possible = not why_not
         if cfg.batched_fetch is True and not possible:
-            why = "not possible for this DataLoader: " + _why_not_batchable(loader)
+            why = "not possible for this DataLoader: " + why_not
         elif not self.optimize or cfg.batched_fetch is False:
             why = "off: " + ("optimize=False" if not self.optimize else "asked for")
         else:
-            why = ("a TensorDataset with the default collate: one index op per batch instead "
-                   "of a __getitem__ per sample, the same batches in the same order") \
-                if possible else _why_not_batchable(loader)
+            why = why_not or ("a TensorDataset with the default collate: one index op per "
+                              "batch instead of a __getitem__ per sample, the same batches in "
+                              "the same order")
         resolved["batched_fetch"] = (bool(self.optimize and possible
                                           and cfg.batched_fetch is not False), why)
         self._collates_tensors = possible and not resolved["batched_fetch"][0]
