@@ -18,20 +18,18 @@ the model there, each batch moved by the loop, the watch timing it with CUDA eve
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import time
 
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
 
 import nbtrain as nt
 from nbtrain.demo import digits_cnn
-from nbtrain.devices import cpu_bf16_feature
-from nbtrain.flops import cpu_model
+from nbtrain.flops import machine_line
+from real_models import Images   # the per-sample Dataset a first custom one is (bench/)
 
 
 def the_loop(model, loader, epochs: int, device: str = "cpu") -> int:
@@ -49,19 +47,6 @@ def the_loop(model, loader, epochs: int, device: str = "cpu") -> int:
     return len(losses)
 
 
-class Rows(Dataset):
-    """A per-sample Dataset over in-memory rows, as a first custom Dataset is written."""
-
-    def __init__(self, x, y):
-        self.x, self.y = x, y
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, i):
-        return self.x[i], self.y[i]
-
-
 def cases():
     gen = torch.Generator().manual_seed(0)
     mlp_x, mlp_y = torch.randn(8192, 64, generator=gen), torch.randint(0, 10, (8192,), generator=gen)
@@ -71,7 +56,7 @@ def cases():
         return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
     yield "digits CNN, TensorDataset", digits_cnn, lambda: TensorDataset(dx, dy)
     yield "MLP 64-128-10, TensorDataset", mlp, lambda: TensorDataset(mlp_x, mlp_y)
-    yield "digits CNN, per-sample Dataset", digits_cnn, lambda: Rows(dx, dy)
+    yield "digits CNN, per-sample Dataset", digits_cnn, lambda: Images(dx, dy)
 
 
 WAYS = {
@@ -113,15 +98,6 @@ def measure(make_model, make_data, repeats: int, epochs: int, device: str = "cpu
     return times, diagnoses
 
 
-def machine(device: str = "cpu") -> str:
-    bf16 = cpu_bf16_feature() or "no bf16 units"
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    gpu = f"{torch.cuda.get_device_name()}, " if device != "cpu" else ""
-    return (f"{gpu}CPU {cpu_model()} ({os.cpu_count()} cores, {bf16}), torch {torch.__version__}, "
-            f"{torch.get_num_threads()} threads, Python {platform.python_version()}, "
-            f"load average {load:.1f}")
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9)
@@ -130,7 +106,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.device != "cpu" and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: this PyTorch sees no CUDA device")
-    print(f"{machine(args.device)}\nmedian of {args.repeats} interleaved whole calls of "
+    print(f"{machine_line()}\nmedian of {args.repeats} interleaved whole calls of "
           f"{args.epochs} epochs on {args.device} (batch 64, AdamW, loss.item() every step)\n")
     print("| case | way | ms/step | spread | vs as written | diagnosis |\n"
           "|---|---|---:|---:|---:|---|")

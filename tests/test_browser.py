@@ -563,17 +563,22 @@ def test_static_dashboard_renders_its_final_charts_in_jupyterlab(lab, page):
     page.screenshot(path=str(SHOTS / "dashboard_static.png"))
 
 
-@needs_browser
-def test_fasttrain_panel_magic_draws_live_then_prints_the_summary(lab, page):
-    _open(page, lab, FASTTRAIN_NOTEBOOK.name)
-    # Mark the %%fasttrain cell, so its charts and output can be found in the page.
+def _mark_magic_cell(page) -> int:
+    """Mark the notebook's %%fasttrain cell (`[data-nbtrain-test]`), so its charts and
+    output can be found in the page; returns its index."""
     page.wait_for_function("""() => {
       const cells = window.jupyterapp.shell.currentWidget.content.widgets;
       const i = cells.findIndex((c) => c.model.sharedModel.getSource().startsWith('%%fasttrain'));
       if (i >= 0) cells[i].node.setAttribute('data-nbtrain-test', String(i));
       return i >= 0;
     }""", timeout=30_000)
-    magic_cell = int(page.get_attribute("[data-nbtrain-test]", "data-nbtrain-test"))
+    return int(page.get_attribute("[data-nbtrain-test]", "data-nbtrain-test"))
+
+
+@needs_browser
+def test_fasttrain_panel_magic_draws_live_then_prints_the_summary(lab, page):
+    _open(page, lab, FASTTRAIN_NOTEBOOK.name)
+    magic_cell = _mark_magic_cell(page)
     root = "[data-nbtrain-test] .jp-OutputArea"
     assert page.evaluate(START_RUN_ALL) == "started", "the kernel did not start within 90 s"
 
@@ -639,13 +644,7 @@ def test_quickstart_runs_all_cells_in_jupyterlab(lab, page):
 @needs_browser
 def test_an_own_loop_under_fasttrain_draws_live_and_the_stop_button_ends_it(lab, page):
     _open(page, lab, OWN_LOOP_NOTEBOOK.name)
-    page.wait_for_function("""() => {
-      const cells = window.jupyterapp.shell.currentWidget.content.widgets;
-      const i = cells.findIndex((c) => c.model.sharedModel.getSource().startsWith('%%fasttrain'));
-      if (i >= 0) cells[i].node.setAttribute('data-nbtrain-test', String(i));
-      return i >= 0;
-    }""", timeout=30_000)
-    magic_cell = int(page.get_attribute("[data-nbtrain-test]", "data-nbtrain-test"))
+    magic_cell = _mark_magic_cell(page)
     root = "[data-nbtrain-test] .jp-OutputArea"
     assert page.evaluate(START_RUN_ALL) == "started", "the kernel did not start within 90 s"
     live, pressed = {}, []

@@ -1,4 +1,5 @@
 """Stopping, interrupts, failures, non-finite losses, checkpoints and host syncs."""
+import contextlib
 import os
 import signal
 import threading
@@ -25,24 +26,36 @@ def test_stop_from_another_thread_keeps_state(blobs):
     assert run.history and run.optimizer.state   # kept, ready to resume
 
 
-def test_ctrl_c_stops_at_the_step_boundary(blobs, monkeypatch):
-    """A kernel interrupt is a SIGINT: the step in flight finishes, then the run ends."""
+def press_ctrl_c_at(monkeypatch, step: int) -> None:
+    """A SIGINT, as the notebook's stop button sends, once the train record of `step` is out."""
     original = nt.Run.emit
 
     def emit_then_press_ctrl_c(self, record, keep=True):
         original(self, record, keep)
-        if record.get("kind") == "train" and record["step"] == 7:
+        if record.get("kind") == "train" and record["step"] == step:
             os.kill(os.getpid(), signal.SIGINT)
     monkeypatch.setattr(nt.Run, "emit", emit_then_press_ctrl_c)
-    # the tests may start with SIGINT ignored (a background job, nohup): a handler must be
-    # there for the press to reach the run, and the one before the fit must come back
+
+
+@contextlib.contextmanager
+def sigint_interrupts():
+    """Python's own SIGINT handler while the block runs, the one before it afterwards: the
+    tests may start with SIGINT ignored (a background job, nohup), and a press must reach
+    the code under test."""
     before = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def test_ctrl_c_stops_at_the_step_boundary(blobs, monkeypatch):
+    """A kernel interrupt is a SIGINT: the step in flight finishes, then the run ends."""
+    press_ctrl_c_at(monkeypatch, 7)
+    with sigint_interrupts():
         run = nt.fit(mlp(), blobs, F.cross_entropy, config=quick(max_steps=50, log_every=1),
                      progress=False)
         restored = signal.getsignal(signal.SIGINT)
-    finally:
-        signal.signal(signal.SIGINT, before)
     # records arrive an interval late: step 7's is emitted as step 8 closes its interval
     assert run.state == "interrupted" and run.step == 8
     assert restored is signal.default_int_handler   # the handler before the fit, again
@@ -300,12 +313,9 @@ def test_ctrl_c_while_fit_measures_its_settings_returns_an_interrupted_run(blobs
     monkeypatch.setattr(prepare, "settle_workers_and_threads", press_while_measuring)
     model = mlp()
     before = [p.detach().clone() for p in model.parameters()]
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
+    with sigint_interrupts():
         run = nt.fit(model, blobs, F.cross_entropy, progress=False,
                      config=quick(max_steps=50, num_threads="auto", count_flops=False))
-    finally:
-        signal.signal(signal.SIGINT, previous)
     assert run.state == "interrupted" and run.step == 0 and run.model is model
     assert "interrupted before step 1" in run.message
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
@@ -317,20 +327,11 @@ def test_ctrl_c_while_fit_measures_its_settings_returns_an_interrupted_run(blobs
 
 @pytest.mark.parametrize("tool", ["lr_find", "profile"])
 def test_ctrl_c_in_a_tool_ends_it_with_what_it_has(tool, blobs, monkeypatch):
-    original = nt.Run.emit
-
-    def emit_then_press_ctrl_c(self, record, keep=True):
-        original(self, record, keep)
-        if record.get("kind") == "train" and record["step"] == 5:
-            os.kill(os.getpid(), signal.SIGINT)
-    monkeypatch.setattr(nt.Run, "emit", emit_then_press_ctrl_c)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
+    press_ctrl_c_at(monkeypatch, 5)
+    with sigint_interrupts():
         if tool == "lr_find":
             result = nt.lr_find(mlp, blobs, F.cross_entropy, config=quick(), num_steps=40)
         else:
             result = nt.profile(mlp, blobs, F.cross_entropy, config=quick(log_every=1),
                                 steps=30, warmup=2)
-    finally:
-        signal.signal(signal.SIGINT, previous)
     assert result.run.state == "interrupted" and result.run.step < 30
