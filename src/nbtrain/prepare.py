@@ -5,6 +5,7 @@ the optimizer built only once every check has passed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 import warnings
@@ -148,24 +149,23 @@ def _measure(run: Run, setup: Setup, model, kept: dict, shard: Callable) -> None
 def _measure_parts(run: Run, setup: Setup, model, kept: dict, shard: Callable,
                    parts: dict) -> None:
     cfg, device = run.config, setup.device
+    # what all three measurements are kept by; reading it may read a sample: once, when asked
+    key = functools.lru_cache(maxsize=1)(lambda: architecture(model, setup.batches))
     with _timed(parts, "bf16 probe"):
         if cfg.amp == "auto" and "amp" not in kept and setup.amp == "bf16" \
                 and device.type == "cpu":
             run.resolved["amp"] = cpu_bf16_choice(
-                lambda amp: probe_step(model, setup, amp), key=architecture(model, setup.batches),
+                lambda amp: probe_step(model, setup, amp), key=key(),
                 may_measure=_pays_for(run, BF16_PROBE_STEPS))
             setup.amp = run.resolved["amp"][0]
     with _timed(parts, "workers/threads probe"):
-        if not kept.keys() & {"num_workers", "num_threads"}:
-            batches = setup.batches
-            setup.batches = shard(settle_workers_and_threads(
-                run, setup, model, key=lambda: architecture(model, batches)))
+        if not kept.keys() & {"num_workers", "num_threads"}:   # a new worker count: same key
+            setup.batches = shard(settle_workers_and_threads(run, setup, model, key=key))
     with _timed(parts, "FLOP count and peak"):
         if cfg.count_flops:
             run.resolved.update(flops.resolve(
                 model, setup.loss_fn, lambda: load_first_batch(setup), setup.amp, device,
-                cfg.grad_accum_steps, run.resolved["num_threads"][0],
-                key=architecture(model, setup.batches)))
+                cfg.grad_accum_steps, run.resolved["num_threads"][0], key=key()))
 
 
 def _pays_for(run: Run, steps: int) -> str:
