@@ -9,7 +9,14 @@ For each notebook: execute it top to bottom in a fresh kernel (cwd = notebooks/)
 - add a PNG beside each Plotly chart when kaleido can render one (pip install kaleido;
   it needs Chrome or Chromium), so the charts also show on GitHub. JupyterLab still
   draws the interactive chart; nbval ignores images;
-- print the wall time and the file size (the tests want < 60 s on 2 cores and < 1 MB).
+- print the wall time and the file size (the tests want < 60 s on 2 cores and < 1 MB);
+- write the machine into the notebook's metadata (`metadata.nbtrain`: CPU, its bf16 units,
+  torch's version, the load), so a reader of the stored timings knows where they came from.
+
+Stored timings are what readers see first, so it refuses to save under load: when the
+1-minute load average is above half the cores as it starts, or when other processes took
+more than half the CPUs while a notebook ran (that notebook is then left as it was).
+`--allow-load` saves anyway, for a draft; the metadata then says how busy it was.
 
 Outputs that nbval checks (`# NBVAL_CHECK_OUTPUT` cells) must stay the same from run to
 run: `pytest --nbval-lax notebooks/` after a refresh shows whether they do.
@@ -17,7 +24,9 @@ run: `pytest --nbval-lax notebooks/` after a refresh shows whether they do.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -115,17 +124,77 @@ def add_pngs(nb, render) -> int:
     return added
 
 
-def refresh(path: Path, timeout: int, render) -> tuple:
+BUSY_LIMIT = 0.5   # of the cores, taken by other processes
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def load_refusal() -> str:
+    """Why the machine is too busy to start, or ''."""
+    load = os.getloadavg()[0]
+    if load <= BUSY_LIMIT * cores():
+        return ""
+    return (f"load average {load:.1f} on {cores()} cores (above half of them): other work "
+            "would slow the stored timings. Wait for an idle machine, or pass --allow-load "
+            "for a draft.")
+
+
+class CpuShare:
+    """The share of all cores that processes other than this script and the kernels it
+    started (reaped, so counted in os.times' children) used between start and stop."""
+
+    def __enter__(self):
+        import psutil
+        self._busy0, self._ours0, self._t0 = self._busy(psutil), self._ours(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        import psutil
+        wall = time.perf_counter() - self._t0
+        others = (self._busy(psutil) - self._busy0) - (self._ours() - self._ours0)
+        self.others = max(0.0, others / (wall * cores())) if wall > 0 else 0.0
+
+    @staticmethod
+    def _busy(psutil) -> float:
+        t = psutil.cpu_times()
+        return sum(getattr(t, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq", "steal"))
+
+    @staticmethod
+    def _ours() -> float:
+        t = os.times()
+        return t.user + t.system + t.children_user + t.children_system
+
+
+def machine_metadata(load: float, others: float) -> dict:
+    import torch
+    from nbtrain.devices import cpu_bf16_feature
+    from nbtrain.flops import cpu_model
+    return {"cpu": cpu_model(), "cores": cores(), "bf16": cpu_bf16_feature() or "none",
+            "torch": torch.__version__, "load_average": round(load, 2),
+            "others_busy": round(others, 2),
+            "saved": datetime.date.today().isoformat()}
+
+
+def refresh(path: Path, timeout: int, render, allow_load: bool) -> tuple:
+    """Execute and store one notebook; returns (seconds, bytes, pngs, others' share), or
+    bytes None where it was run under load and left unsaved."""
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
                             resources={"metadata": {"path": str(path.parent)}})
+    load = os.getloadavg()[0]
     start = time.perf_counter()
-    client.execute()
+    with CpuShare() as share:
+        client.execute()
     seconds = time.perf_counter() - start
+    if share.others > BUSY_LIMIT and not allow_load:
+        return seconds, None, 0, share.others
     strip_widgets(nb)
     pngs = add_pngs(nb, render) if render else 0
+    nb.metadata["nbtrain"] = machine_metadata(load, share.others)
     nbformat.write(nb, path)
-    return seconds, path.stat().st_size, pngs
+    return seconds, path.stat().st_size, pngs, share.others
 
 
 def main(argv=None) -> int:
@@ -133,18 +202,29 @@ def main(argv=None) -> int:
     parser.add_argument("notebooks", nargs="*", help="file names in notebooks/ (default: all)")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per cell")
     parser.add_argument("--no-png", action="store_true", help="do not add chart images")
+    parser.add_argument("--allow-load", action="store_true",
+                        help="save even when other processes load the machine (a draft)")
     args = parser.parse_args(argv)
+    refusal = "" if args.allow_load else load_refusal()
+    if refusal:
+        print(f"refusing to save: {refusal}")
+        return 2
     paths = [HERE / n for n in args.notebooks] or sorted(HERE.glob("[0-9][0-9]_*.ipynb"))
     render = None if args.no_png else png_renderer()
     if render is None and not args.no_png:
         print("kaleido is not installed: charts get no PNG (pip install kaleido)")
     failed = False
     for path in paths:
-        seconds, size, pngs = refresh(path, args.timeout, render)
+        seconds, size, pngs, others = refresh(path, args.timeout, render, args.allow_load)
+        if size is None:
+            print(f"{path.name:<34}{seconds:6.1f} s   NOT SAVED: other processes took "
+                  f"{others:.0%} of the CPUs while it ran", flush=True)
+            failed = True
+            continue
         flag = "" if seconds < 60 and size < MAX_BYTES else "   <-- over 60 s or 1 MB"
         failed |= bool(flag)
-        print(f"{path.name:<34}{seconds:6.1f} s {size / 1024:7.0f} KiB  {pngs} chart image(s){flag}",
-              flush=True)
+        print(f"{path.name:<34}{seconds:6.1f} s {size / 1024:7.0f} KiB  {pngs} chart image(s)"
+              f"  others {others:.0%}{flag}", flush=True)
     return 1 if failed else 0
 
 
