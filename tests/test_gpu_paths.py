@@ -370,8 +370,18 @@ def test_a_to_without_non_blocking_is_called_without_it():
     class Plain:
         def to(self, device):
             return "moved"
-    move = make_mover(torch.device("cpu"), pinned=True, resident=False, channels_last=False)
+    move = make_mover(torch.device("meta"), pinned=True, resident=False, channels_last=False)
     assert move((Plain(), "label")) == ("moved", "label")
+
+
+def test_a_cpu_run_does_not_walk_its_batches():
+    """A CPU run's batches are on the CPU already: the step's mover returns them as they
+    are (the same objects), with no per-step walk; channels_last still converts."""
+    batch = (torch.zeros(2, 3), {"y": torch.zeros(2)})
+    assert make_mover(torch.device("cpu"), False, False, False)(batch) is batch
+    image = torch.zeros(2, 3, 4, 4)
+    moved = make_mover(torch.device("cpu"), False, False, True)((image,))[0]
+    assert moved.is_contiguous(memory_format=torch.channels_last)
 
 
 @dataclass

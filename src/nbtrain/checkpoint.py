@@ -29,7 +29,8 @@ def rng_state(device=None) -> dict:
     train on another index. A CPU run never calls into torch.cuda.
     """
     state = {"cpu": torch.get_rng_state()}
-    if device is not None and torch.device(device).type == "cuda":
+    if device is not None and getattr(device, "type", device) != "cpu" \
+            and torch.device(device).type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 

@@ -183,10 +183,13 @@ def _gain_file(key):
     return cache_dir() / "bf16" / f"{digest}.json"
 
 
+_NO_AUTOCAST = contextlib.nullcontext()   # reusable: nothing to set up per step
+
+
 def autocast_context(amp: str, device: torch.device):
-    """A fresh context manager for one forward pass: autocast, or nothing at all."""
+    """A context manager for one forward pass: a fresh autocast, or nothing at all."""
     if amp == "off":
-        return contextlib.nullcontext()
+        return _NO_AUTOCAST
     dtype = torch.bfloat16 if amp == "bf16" else torch.float16
     return torch.autocast(device_type=device.type, dtype=dtype)
 

@@ -249,8 +249,8 @@ def make_mover(device: torch.device, pinned: bool, resident: bool,
     """The function that puts a batch on `device`: identity when it is already there. A
     resident channels_last batch is already laid out so (KeptLayoutBatches), and the
     mover's `contiguous` returns it as it is (a stride check, no copy)."""
-    if resident and not channels_last:
-        return _identity
+    if (resident or device.type == "cpu") and not channels_last:
+        return _identity   # a CPU run's batches are on the CPU already: no walk per step
     non_blocking = pinned   # only a copy from pinned memory can be asynchronous
 
     def to_device(leaf):

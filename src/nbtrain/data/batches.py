@@ -107,7 +107,8 @@ class TensorBatches(EpochPlan):
             return
         order = self.order(epoch).to(self.tensors[0].device)
         for first, end in self.bounds(start):
-            yield tuple(self._gather(t, order[first:end]) for t in self.tensors)
+            idx = order[first:end]
+            yield tuple(self._gather(t, idx) for t in self.tensors)
 
     def _gather(self, tensor: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         if not self.pin:
