@@ -3,6 +3,7 @@ import contextlib
 import os
 import signal
 import threading
+import time
 
 import pytest
 import torch
@@ -335,3 +336,37 @@ def test_ctrl_c_in_a_tool_ends_it_with_what_it_has(tool, blobs, monkeypatch):
             result = nt.profile(mlp, blobs, F.cross_entropy, config=quick(log_every=1),
                                 steps=30, warmup=2)
     assert result.run.state == "interrupted" and result.run.step < 30
+
+
+def test_a_setup_that_takes_a_second_says_what_it_measures(blobs, monkeypatch, capsys):
+    """fit(progress=True): after a second of setup a line names what is measured (tqdm
+    writes it to stderr outside a notebook); it is gone when training starts."""
+    from nbtrain import prepare, progress
+    monkeypatch.setattr(progress, "SETUP_LINE_EVERY_S", 0.05)
+    settle = prepare.settle_workers_and_threads
+
+    def slow_probe(run, setup, model, key):
+        time.sleep(1.4)
+        return settle(run, setup, model, key)
+    monkeypatch.setattr(prepare, "settle_workers_and_threads", slow_probe)
+    run = nt.fit(mlp(), blobs, F.cross_entropy, progress=True,
+                 config=quick(max_steps=5, count_flops=False))
+    err = capsys.readouterr().err
+    assert run.state == "finished" and "nbtrain: measuring threads and workers ..." in err, err
+    assert run.measuring == "" and not any(t.name == "nbtrain-setup-line"
+                                           for t in threading.enumerate())
+
+
+def test_the_setup_line_ends_with_a_ctrl_c_during_setup(blobs, monkeypatch):
+    from nbtrain import prepare
+
+    def press_while_measuring(run, setup, model, key):
+        time.sleep(1.2)   # the line is up
+        os.kill(os.getpid(), signal.SIGINT)
+        raise AssertionError("the press did not arrive")
+    monkeypatch.setattr(prepare, "settle_workers_and_threads", press_while_measuring)
+    with sigint_interrupts():
+        run = nt.fit(mlp(), blobs, F.cross_entropy, progress=True,
+                     config=quick(max_steps=50, count_flops=False))
+    assert run.state == "interrupted" and run.measuring == ""
+    assert not any(t.name == "nbtrain-setup-line" for t in threading.enumerate())

@@ -219,6 +219,11 @@ def test_compile_when_asked():
     assert math.isfinite(run.records("train")[-1]["loss"])
     assert run.resolved["compiles"][0] >= 1   # torch._dynamo's own count, read at the end
     assert "compile_warmup_s" in run.summary() and "warm-up" in run.summary_text()
+    # the first compile happens in the setup, timed: step 1 does not wait for it
+    assert run.resolved["compile_warmup_s"][0] > 0
+    assert "compile and its check" in run.resolved["setup_s"][1]
+    # 2 steps do not pay for timing compiled against eager: said, not measured
+    assert "not timed against eager" in run.resolved["compile"][1]
 
 
 def test_validation_runs_the_model_once_per_batch_without_a_loss_fn(blobs):

@@ -266,6 +266,38 @@ def test_a_compiled_runs_summary_reports_the_warm_up_apart():
     assert split["steady_samples_per_s"] == pytest.approx(6400)
 
 
+def test_compile_check_times_compiled_against_eager_and_says_when_it_does_not_pay():
+    from nbtrain.compiling import compile_check
+    import time as _time
+
+    def step(seconds):
+        def run(kind):
+            _time.sleep(seconds[kind] + (0.05 if kind == "compiled" and not seconds.get("warm") else 0))
+            seconds["warm"] = True
+        return run
+    fast = compile_check(step({"compiled": 0.002, "eager": 0.006}), planned=1000)
+    assert fast["compile_gain"][0] > 2 and fast["compile_pays"][0] is True
+    assert fast["compile_warmup_s"][0] >= 0.05 and "compiled against" in fast["compile"][1]
+    same = compile_check(step({"compiled": 0.004, "eager": 0.004}), planned=1000)
+    assert same["compile_pays"] == (False, same["compile_pays"][1])
+    assert "did not pay on this model" in same["compile_pays"][1]
+    short = compile_check(step({"compiled": 0.002, "eager": 0.006}), planned=3)
+    assert short["compile_pays"][0] is False and "this run's length" in short["compile_pays"][1]
+    unmeasured = compile_check(step({"compiled": 0.0, "eager": 0.0}), planned=3,
+                               may_measure="run too short to measure: 3 steps")
+    assert "compile_gain" not in unmeasured and "not timed against eager" in unmeasured["compile"][1]
+
+
+def test_the_diagnosis_says_when_compile_did_not_pay():
+    resolved = {"device": ("cpu", ""), "compile": (True, "asked for"),
+                "compile_pays": (False, "did not pay on this model: forward+backward 1.01x eager "
+                                        "(measured before step 1) - leave compile off")}
+    text = diagnosis.diagnose(COMPUTE_BOUND, resolved)
+    assert "compile did not pay on this model" in text, text
+    resolved["compile_pays"] = (True, "1.30x eager")
+    assert "did not pay" not in diagnosis.diagnose(COMPUTE_BOUND, resolved)
+
+
 def test_copy_bound_advice_leaves_out_what_the_run_already_has():
     copy_bound = {"data_wait_frac": 0.0, "copy_frac": 0.6, "compute_frac": 0.4}
     pinned = {"device": ("cuda:0", ""), "pin_memory": (True, ""), "data_on_device": (False, "")}

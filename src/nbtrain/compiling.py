@@ -1,15 +1,83 @@
 """torch.compile seen from a run: the graphs it built and the time the first steps waited.
 
-A compiled run's first steps wait for the compiler (seconds on a CPU), and a batch of a
-new shape (an epoch's last, shorter batch) compiles again: the run's mean throughput
-then reads as if compile made it slower. So the summary reports the warm-up apart, and
-the steady throughput of the intervals after it.
+A compiled run waits for the compiler (seconds on a CPU) before its first step, and a
+batch of a new shape (an epoch's last, shorter batch) compiles again: the run's mean
+throughput then reads as if compile made it slower. So the first compile happens in the
+setup, where it is timed, followed by a few compiled and eager forward+backward passes
+(compile_check): whether compile pays on this model, and after how many steps its
+warm-up is paid back. The summary reports the warm-up apart, and the steady throughput
+of the intervals after a recompile.
 """
 from __future__ import annotations
 
+import math
 import statistics
+import time
+from typing import Callable
 
 SLOW = 2.0   # an interval whose steps took this many times the median waited for a compile
+COMPILE_CHECK_STEPS = 8   # compile_check: an eager warm-up, then 3 timed passes of each
+PAYS = 1.05   # a compiled pass at least this much faster than eager: compile pays
+
+
+def compile_check(step: Callable[[str], None], planned: int, may_measure: str = "") -> dict:
+    """run.resolved's entries for a compiled run: the first compile's time, and unless
+    `may_measure` says why not (a run too short), the eager / compiled time of a
+    forward+backward and after how many passes the warm-up is paid back (of `planned`).
+    `step(kind)` runs one pass, kind "compiled" or "eager", and returns once it is done."""
+    start = time.perf_counter()
+    step("compiled")   # the compile: the run's first step would wait for it
+    warmup = time.perf_counter() - start
+    out = {"compile_warmup_s": (round(warmup, 3), "the first compile, timed before step 1")}
+    if may_measure:
+        out["compile"] = (True, f"asked for; not timed against eager: {may_measure}")
+        return out
+    step("eager")   # the eager pass's own warm-up
+    best = {"compiled": math.inf, "eager": math.inf}
+    for _ in range(3):   # interleaved: a busy moment slows both alike
+        for kind in best:
+            start = time.perf_counter()
+            step(kind)
+            best[kind] = min(best[kind], time.perf_counter() - start)
+    gain = best["eager"] / best["compiled"]
+    saved = best["eager"] - best["compiled"]
+    payback = math.ceil(warmup / saved) if saved > 0 else math.inf
+    out["compile"] = (True, f"asked for; forward+backward {best['compiled'] * 1e3:.2f} ms "
+                            f"compiled against {best['eager'] * 1e3:.2f} ms eager "
+                            f"({gain:.2f}x), after a {warmup:.1f} s compile")
+    out["compile_gain"] = (round(gain, 3), "eager / compiled forward+backward time of the "
+                                           "first batch, measured before step 1")
+    out["compile_pays"] = _verdict(gain, warmup, payback, planned)
+    return out
+
+
+def _verdict(gain: float, warmup: float, payback: float, planned: int) -> tuple:
+    """(whether compile pays for this run, why): the diagnosis says the why when not."""
+    if gain < PAYS:
+        return False, (f"did not pay on this model: forward+backward {gain:.2f}x eager "
+                       "(measured before step 1) - leave compile off")
+    if payback > planned:
+        return False, (f"did not pay for this run's length: its {warmup:.1f} s warm-up is "
+                       f"paid back after about {payback} forward+backward passes, and the run "
+                       f"has {planned} - leave compile off for runs this short")
+    return True, (f"{gain:.2f}x eager; its {warmup:.1f} s warm-up paid back after about "
+                  f"{payback} of the {planned} passes")
+
+
+def compile_findings(resolved: dict) -> list:
+    """The diagnosis when compile did not pay: on this model, or for this run's length."""
+    pays, why = resolved.get("compile_pays", (None, ""))
+    return [f"compile {why}"] if pays is False else []
+    if gain < PAYS:
+        return [f"compile did not pay on this model: forward+backward {gain:.2f}x eager "
+                "(measured before step 1) - leave compile off"]
+    payback, why = resolved.get("compile_payback", (math.inf, ""))
+    planned = int(why.rsplit(" ", 1)[-1]) if why[-1:].isdigit() else None
+    if planned is not None and payback > planned:
+        return [f"compile's warm-up is paid back after about {payback} forward+backward "
+                f"passes, more than this run's {planned} - leave compile off for runs this "
+                "short"]
+    return []
 
 
 def count_compiles(run) -> None:

@@ -6,6 +6,7 @@ from typing import Optional
 
 import torch
 
+from .compiling import compile_findings
 from .devices import available_cores, cpu_bf16_feature, gpu_has_bf16
 from .flops import percent
 
@@ -21,7 +22,7 @@ def diagnose(fractions: dict, resolved: dict) -> str:
     """Name the bottleneck from the time split and suggest the toggle that targets it;
     then what a loop of your own spends that fit would not (nt.watch's counters)."""
     return "; ".join([_bottleneck(fractions, resolved), *own_loop_findings(fractions),
-                      *host_read_findings(resolved)])
+                      *host_read_findings(resolved), *compile_findings(resolved)])
 
 
 def host_read_findings(resolved: dict) -> list:

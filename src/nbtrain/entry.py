@@ -62,7 +62,8 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
     run = Run(cfg)
     _remember(run)
     try:
-        begin = _engine(run, model, train_data, loss_fn, val_data, state, schedule)
+        with _setup_line(run, progress):
+            begin = _engine(run, model, train_data, loss_fn, val_data, state, schedule)
     except KeyboardInterrupt:   # Ctrl-C while measuring: a run that never started
         return _interrupted_before_step_1(run, model)
     attach_hooks(run, schedule, on_start, progress)
@@ -184,6 +185,14 @@ def without_validation(cfg: TrainConfig) -> TrainConfig:
     """`cfg` for a tool's run that validates nothing (a warm-up, a timed trial, a profile):
     plateau, which acts on validation only, is the constant LR it is until then."""
     return cfg.replace(scheduler="constant") if cfg.scheduler == "plateau" else cfg
+
+
+def _setup_line(run: Run, progress):
+    """With a progress bar: a line saying what the setup measures, once it takes a second."""
+    if callable(progress) or not progress:
+        return contextlib.nullcontext()
+    from .progress import setup_line   # lazy, as attach_progress
+    return setup_line(run)
 
 
 def attach_hooks(run: Run, schedule, on_start, progress) -> None:

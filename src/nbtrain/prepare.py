@@ -16,13 +16,14 @@ import torch
 
 from . import checkpoint as ckpt
 from . import flops
-from .compiling import count_compiles
+from .compiling import COMPILE_CHECK_STEPS, compile_check, count_compiles
 from .config import ConfigError, TrainConfig
 from .data import (first_batch, loader_batches, make_batches, make_mover, prefetch_to_device,
                    resolve_prefetch, source_mover)
 from .data.batches import (LoaderBatches, as_tensors, batch_count, length_of, signature_of,
                            source_of)
-from .devices import autocast_context, cpu_bf16_choice, resolve_amp, resolve_device, resolve_threads
+from .devices import (autocast_context, cpu_bf16_choice, intra_op_threads, resolve_amp,
+                      resolve_device, resolve_threads)
 from .losses import outputs_and_loss
 from .memory import checkpointed_forward, leaves_no_trace
 from .optim import build_optimizer, resolve_impl
@@ -100,10 +101,6 @@ def prepare(run: Run, model, train_data, loss_fn, val_data, state=None,
     if cfg.channels_last:
         model.to(memory_format=torch.channels_last)
         run.resolved["channels_last"] = (True, "asked for")   # the diagnosis reads what is on
-    if cfg.compile:
-        forward = torch.compile(model)
-        run.resolved["compile"] = (True, "asked for")
-        count_compiles(run)
     batches, move = _data_path(run, batches, device)
     params = [p for p in model.parameters() if p.requires_grad]
     setup = Setup(device, run.resolved["amp"][0], batches, val_batches, move, forward,
@@ -138,6 +135,12 @@ def _measure(run: Run, setup: Setup, model, kept: dict, shard: Callable) -> None
         _measure_parts(run, setup, model, kept, shard, parts)
     finally:
         counting.remove()
+    if run.config.compile:   # after the hook is gone: removed later, it would recompile
+        # at the run's thread count: inductor's CPU kernels are OpenMP loops, and one
+        # timed at more threads than the run will use reads nothing like its steps
+        with _timed(run, parts, "compile and its check", "compiled against eager"), \
+                intra_op_threads(run.resolved["num_threads"][0]):
+            calls["compile and its check"] = _compile(run, setup, model)
     total = sum(parts.values())
     spent = ", ".join(f"{name} {seconds:.2f} s" + (f" ({calls[name]} forward calls)"
                                                     if calls.get(name) else "")
@@ -151,21 +154,39 @@ def _measure_parts(run: Run, setup: Setup, model, kept: dict, shard: Callable,
     cfg, device = run.config, setup.device
     # what all three measurements are kept by; reading it may read a sample: once, when asked
     key = functools.lru_cache(maxsize=1)(lambda: architecture(model, setup.batches))
-    with _timed(parts, "bf16 probe"):
+    with _timed(run, parts, "bf16 probe", "bf16 against fp32"):
         if cfg.amp == "auto" and "amp" not in kept and setup.amp == "bf16" \
                 and device.type == "cpu":
             run.resolved["amp"] = cpu_bf16_choice(
-                lambda amp: probe_step(model, setup, amp), key=key(),
+                lambda amp: probe_step(model, setup, amp, forward=model), key=key(),
                 may_measure=_pays_for(run, BF16_PROBE_STEPS))
             setup.amp = run.resolved["amp"][0]
-    with _timed(parts, "workers/threads probe"):
+    with _timed(run, parts, "workers/threads probe", "threads and workers"):
         if not kept.keys() & {"num_workers", "num_threads"}:   # a new worker count: same key
             setup.batches = shard(settle_workers_and_threads(run, setup, model, key=key))
-    with _timed(parts, "FLOP count and peak"):
+    with _timed(run, parts, "FLOP count and peak", "FLOPs and peak memory"):
         if cfg.count_flops:
             run.resolved.update(flops.resolve(
                 model, setup.loss_fn, lambda: load_first_batch(setup), setup.amp, device,
                 cfg.grad_accum_steps, run.resolved["num_threads"][0], key=key()))
+
+
+def _compile(run: Run, setup: Setup, model) -> int:
+    """Compile the model for the run, after the probes (which time the eager forward: a
+    compiled one would compile again for each precision and thread count they try);
+    compile now, and time it against eager (compiling.compile_check). Returns the
+    forward calls this made."""
+    eager, passes = setup.forward, []
+    setup.forward = torch.compile(model)
+    count_compiles(run)
+
+    def step(kind: str) -> None:
+        passes.append(kind)
+        probe_step(model, setup, setup.amp, forward=eager if kind == "eager" else None)
+    run.resolved.update(compile_check(
+        step, planned=run.total_steps * run.config.grad_accum_steps,
+        may_measure=_pays_for(run, COMPILE_CHECK_STEPS)))
+    return len(passes)
 
 
 def _pays_for(run: Run, steps: int) -> str:
@@ -178,14 +199,17 @@ def _pays_for(run: Run, steps: int) -> str:
 
 
 @contextlib.contextmanager
-def _timed(parts: dict, name: str):
-    """Time the block into parts[name]; the last key of `parts` is the part running."""
+def _timed(run: Run, parts: dict, name: str, what: str):
+    """Time the block into parts[name]; the last key of `parts` is the part running, and
+    `what` it measures is the run's (progress.setup_line shows it)."""
     parts[name] = 0.0
+    run.set_measuring(what)
     start = time.perf_counter()
     try:
         yield
     finally:
         parts[name] = time.perf_counter() - start
+        run.set_measuring("")
 
 
 KEPT_WHY = "kept from the run being resumed"
@@ -257,12 +281,17 @@ def load_first_batch(setup: Setup):
     return source_mover(setup.batches, setup.move)(first_batch(setup.batches))
 
 
-def probe_step(model, setup: Setup, amp: str) -> None:
+def probe_step(model, setup: Setup, amp: str, forward: Optional[Callable] = None) -> None:
+    """One forward+backward of the first batch, leaving no trace on `model`. `forward`:
+    the model eager (the bf16 probe: a compiled one would compile once per precision),
+    by default the run's forward (compiled when asked)."""
     with leaves_no_trace(model):
         batch = load_first_batch(setup)
         with autocast_context(amp, setup.device):
-            _, loss = outputs_and_loss(setup.forward, setup.loss_fn, batch)
+            _, loss = outputs_and_loss(forward or setup.forward, setup.loss_fn, batch)
         loss.backward()
+        if setup.device.type == "cuda":   # timed by the caller: the kernels, not their launch
+            torch.cuda.synchronize(setup.device)
 
 
 def _refuse_empty(batches, cfg: TrainConfig, what: str) -> None:

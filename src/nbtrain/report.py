@@ -39,7 +39,10 @@ def summarize(run) -> dict:
         if any(name in r for r in train):   # nt.watch's counters, over the whole run
             out[name] = sum(r.get(name, 0.0) * r["steps"] for r in train) / max(run.step, 1)
     if run.config.compile:   # the compiler's warm-up apart from the steady throughput
-        out.update(warmup_split(train))
+        split = warmup_split(train)   # the recompiles during training (a new batch shape)
+        first = run.resolved.get("compile_warmup_s", (0.0, ""))[0]   # the setup's compile
+        out["compile_warmup_s"] = first + split.get("compile_warmup_s", 0.0)
+        out["steady_samples_per_s"] = split.get("steady_samples_per_s", out["samples_per_s"])
     if train and "copy_s" in train[-1]:
         from .diagnosis import diagnose
         out["diagnosis"] = diagnose(out, run.resolved)

@@ -42,6 +42,7 @@ class Run:
         self.batch_in_epoch = 0             # batches of `epoch` already consumed
         self.phase = "load"                 # where the loop is, for errors and Ctrl-C: "load",
                                             # "step", "update", "validate" or "checkpoint"
+        self.measuring = ""                 # what the setup measures now (the progress line)
         self.total_steps: Optional[int] = None
         self.wall_s = 0.0
         self._stop = threading.Event()
@@ -111,6 +112,10 @@ class Run:
     def enter(self, phase: str) -> None:
         """Where the loop is now: "load", "step", "update", "validate" or "checkpoint"."""
         self.phase = phase
+
+    def set_measuring(self, what: str) -> None:
+        """What the setup measures before step 1 ("threads and workers"), '' when done."""
+        self.measuring = what
 
     def advance(self, batches: int) -> None:
         """One optimizer step done, on `batches` micro-batches of the epoch."""
