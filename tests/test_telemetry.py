@@ -304,3 +304,20 @@ def test_copy_bound_advice_leaves_out_what_the_run_already_has():
     text = diagnosis.diagnose(copy_bound, pinned)
     assert text.startswith("copy-bound: 60%") and "pin_memory=True" not in text
     assert "data_on_device=True" in text
+
+
+def test_records_a_few_milliseconds_apart_share_a_diagnosis_and_the_last_has_its_own(blobs, monkeypatch):
+    """The diagnosis is derived again at most every DIAGNOSE_EVERY_S: a record every few
+    steps of a millisecond would pay for one each time. The run's last record gets its own."""
+    from nbtrain import loop
+    calls = []
+    diagnose = loop.diagnose
+    monkeypatch.setattr(loop, "diagnose", lambda record, resolved: calls.append(record["step"])
+                        or diagnose(record, resolved))
+    monkeypatch.setattr(loop, "DIAGNOSE_EVERY_S", 3600.0)
+    run = nt.fit(mlp(), blobs, F.cross_entropy, progress=False,
+                 config=quick(max_steps=40, log_every=2, count_flops=False))
+    train = run.records("train")
+    assert len(train) == 20 and calls[0] == train[0]["step"] and calls[-1] == train[-1]["step"]
+    assert len(calls) == 2, calls   # the first record and the last one
+    assert all(r["diagnosis"] == train[0]["diagnosis"] for r in train[:-1])

@@ -168,6 +168,7 @@ class Interval:
         self._timer_class = NoTimer if not timed else (
             functools.partial(CudaTimer, device) if device.type == "cuda" else HostTimer)
         self.memory = MemorySampler(device)
+        self.diagnosed = (-math.inf, "")   # (when, text) of the last diagnosis (loop._diagnosis)
         self.t_start = time.perf_counter()
         self._ended = None
         self.reset(start_step)
