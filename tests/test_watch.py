@@ -285,12 +285,16 @@ ORIGINALS = {name: getattr(torch.Tensor, name) for name in ("backward", "item", 
 ITER = DataLoader.__iter__
 
 
+CLIPS = (torch.nn.utils.clip_grad_norm_, torch.nn.utils.clip_grad_value_)
+
+
 def assert_left_as_found():
     from torch.nn.modules import module
     from torch.optim import optimizer
     for name, original in ORIGINALS.items():
         assert getattr(torch.Tensor, name) is original, name
     assert DataLoader.__iter__ is ITER
+    assert (torch.nn.utils.clip_grad_norm_, torch.nn.utils.clip_grad_value_) == CLIPS
     assert not module._global_forward_pre_hooks and not module._global_forward_hooks
     assert not optimizer._global_optimizer_pre_hooks and not optimizer._global_optimizer_post_hooks
     assert Watcher.active is None and not torch.is_autocast_enabled("cpu")
@@ -406,3 +410,94 @@ def test_num_threads_applies_for_the_watch_only():
               every_step=lambda n: during.append(torch.get_num_threads()))
     assert set(during) == {1} and torch.get_num_threads() == before
     assert run.resolved["num_threads"] == (1, "asked for (for the watch only)")
+
+
+# -- fp16: a GradScaler through the hooks (CPU autocast runs float16 too) ----------------------
+def fp16_recipe(model, opt, batches, clip=None, poison=None):
+    """torch's own recipe (the AMP docs): autocast the forward, scale the loss, unscale_
+    before a clip, scaler.step, scaler.update. Returns the clip norms. The first forward
+    stays float32: the watch finds the model there, and autocasts from the next one."""
+    scaler, norms = torch.amp.GradScaler("cpu"), []
+    for step, (xb, yb) in enumerate(batches):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16, enabled=step > 0):
+            out = model(xb)
+        loss = F.cross_entropy(out.float(), yb)
+        scaler.scale(loss).backward()
+        if poison is not None and step == poison:
+            model[0].weight.grad.fill_(float("inf"))
+        if clip is not None:
+            scaler.unscale_(opt)
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
+        scaler.step(opt)
+        scaler.update()
+    return norms, scaler
+
+
+def plain_loop(model, opt, batches, clip=None, poison=None):
+    """The loop as written, without a scaler."""
+    norms = []
+    for step, (xb, yb) in enumerate(batches):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(xb), yb)
+        loss.backward()
+        if poison is not None and step == poison:
+            model[0].weight.grad.fill_(float("inf"))
+        if clip is not None:
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
+        opt.step()
+    return norms
+
+
+def fp16_batches():
+    x, y = data()
+    return [(x[i:i + 32], y[i:i + 32]) for i in range(0, 256, 32)]
+
+
+def test_amp_fp16_applies_autocast_and_a_grad_scaler_through_the_hooks():
+    """The loop as written under nt.watch(amp='fp16') computes what torch's GradScaler
+    recipe computes, bit for bit: the forward in float16, the scaled loss, the update."""
+    batches = fp16_batches()
+    reference, watched = net(dropout=0.0), net(dropout=0.0)
+    opt_a = torch.optim.Adam(reference.parameters(), 1e-2, foreach=False)
+    opt_b = torch.optim.Adam(watched.parameters(), 1e-2, foreach=False)
+    _, scaler = fp16_recipe(reference, opt_a, batches)
+    dtypes = []
+    probe = watched[0].register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
+    with nt.watch(amp="fp16", optimizer_impl="for-loop", **QUIET) as run:
+        plain_loop(watched, opt_b, batches)
+    probe.remove()
+    assert run.resolved["amp"][0] == "fp16"
+    assert dtypes == [torch.float32] + [torch.float16] * 7   # found at the first forward
+    assert same_weights(reference, watched)
+    assert run.scaler.get_scale() == scaler.get_scale()
+    assert_left_as_found()
+
+
+def test_amp_fp16_skips_a_step_whose_gradients_overflow_and_lowers_the_scale():
+    batches = fp16_batches()
+    reference, watched = net(dropout=0.0), net(dropout=0.0)
+    opt_a = torch.optim.Adam(reference.parameters(), 1e-2, foreach=False)
+    opt_b = torch.optim.Adam(watched.parameters(), 1e-2, foreach=False)
+    _, scaler = fp16_recipe(reference, opt_a, batches, poison=3)
+    with nt.watch(amp="fp16", optimizer_impl="for-loop", **QUIET) as run:
+        plain_loop(watched, opt_b, batches, poison=3)
+    assert same_weights(reference, watched) and run.step == 8
+    assert run.scaler.get_scale() == scaler.get_scale() == 2.0 ** 15   # halved once
+    assert opt_b.state[watched[0].weight]["step"] == 7   # the skipped step left Adam's state
+
+
+def test_amp_fp16_clips_the_true_gradients_where_the_loop_clips():
+    """clip_grad_norm_ in the loop sees the scaled gradients; the watch scales the limit
+    along and returns the true norm, as scaler.unscale_ before the clip does."""
+    batches = fp16_batches()
+    reference, watched = net(dropout=0.0), net(dropout=0.0)
+    opt_a = torch.optim.SGD(reference.parameters(), 0.5)
+    opt_b = torch.optim.SGD(watched.parameters(), 0.5)
+    expected, _ = fp16_recipe(reference, opt_a, batches, clip=0.1)
+    with nt.watch(amp="fp16", optimizer_impl="for-loop", **QUIET):
+        got = plain_loop(watched, opt_b, batches, clip=0.1)
+    assert got == pytest.approx(expected, rel=1e-4) and max(got) < 10
+    for a, b in zip(reference.parameters(), watched.parameters()):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+    assert_left_as_found()

@@ -105,6 +105,8 @@ class Watcher:
         self.run, self.optimize = run, optimize
         self.model = self.interval = self.device = None
         self.amp = "off"
+        self.scaler = None              # amp='fp16': the GradScaler the hooks apply
+        self._unscaled = set()          # ids of the optimizers unscaled since the last update
         self._undo = []                 # what remove() calls, last first
         self._inside = False            # nbtrain's own code runs: its calls are not the loop's
         self._depth = 0                 # module calls in progress, until the model is found
@@ -160,6 +162,8 @@ class Watcher:
         for name in ("cpu", "numpy"):
             self._patch(torch.Tensor, name, self._counting(grad_counts=False))
         self._patch(DataLoader, "__iter__", self._wrap_iter)
+        for name in ("clip_grad_norm_", "clip_grad_value_"):   # fp16: the scale, along
+            self._patch(torch.nn.utils, name, self._wrap_clip)
         self._keep(self._stop_shadow_workers)   # undone first: before torch's iterator is back
 
     def _keep(self, undo) -> None:
@@ -216,6 +220,9 @@ class Watcher:
         self._inside = True
         try:
             self.amp = self._resolve_amp(model, args, kwargs)
+            if self.amp == "fp16":
+                self.scaler = torch.amp.GradScaler(self.device.type)
+                self.run.equip(scaler=self.scaler)
             if self.run.config.count_flops:
                 self._count_flops(model, args, kwargs)
         finally:
@@ -264,8 +271,55 @@ class Watcher:
             if not watcher._inside:
                 watcher._stop_if_asked()
                 watcher._on_backward(tensor)
+                if watcher.scaler is not None:   # fp16: the gradients of the scaled loss
+                    watcher._update_scale()
+                    tensor = watcher.scaler.scale(tensor)
             return original(tensor, *args, **kwargs)
         return backward
+
+    # -- fp16: a GradScaler through the hooks, as scaler.scale / unscale_ / step / update --
+    def _update_scale(self) -> None:
+        """The scaler's update after a step: once per step, before the next backward (after
+        every optimizer of the step has unscaled with the same scale)."""
+        if self._unscaled:
+            self.scaler.update()
+            self._unscaled.clear()
+
+    def _unscale_or_skip(self, optimizer) -> None:
+        """Before `optimizer` steps: its gradients unscaled (GradScaler.unscale_); with an
+        inf or NaN among them the step is skipped, as GradScaler.step skips it: without a
+        gradient, torch's optimizers leave a parameter and its state as they are."""
+        if id(optimizer) in self._unscaled:
+            return
+        self._inside = True   # the inf check's .item() is not the loop's host read
+        try:
+            self.scaler.unscale_(optimizer)
+            self._unscaled.add(id(optimizer))
+            # what GradScaler.step reads (torch/amp/grad_scaler.py, _maybe_opt_step)
+            state = self.scaler._per_optimizer_states[id(optimizer)]
+            found_inf = sum(v.item() for v in state["found_inf_per_device"].values())
+        finally:
+            self._inside = False
+        if found_inf:
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    param.grad = None
+
+    def _wrap_clip(self, original):
+        """torch.nn.utils.clip_grad_norm_ / clip_grad_value_ on the scaled gradients of an
+        fp16 watch: the limit scaled along, the norm returned unscaled, so the loop clips
+        its true gradients, as with scaler.unscale_(opt) before the clip."""
+        watcher = self
+
+        def clip(parameters, limit, *args, **kwargs):
+            scaler = watcher.scaler
+            if scaler is None or watcher._unscaled or watcher._inside:
+                return original(parameters, limit, *args, **kwargs)
+            scale = scaler.get_scale()
+            result = original(parameters, limit * scale, *args, **kwargs)
+            return result / scale if isinstance(result, torch.Tensor) else result
+        clip.__wrapped__ = original
+        return clip
 
     def _on_backward(self, loss: torch.Tensor) -> None:
         self._ensure_interval(loss.device)
@@ -292,6 +346,8 @@ class Watcher:
         if optimizer not in self._optimizers:
             self._adopt(optimizer)
         if self._backwards:
+            if self.scaler is not None:
+                self._unscale_or_skip(optimizer)
             self.run.enter("update")   # a second Ctrl-C waits until the step is counted
 
     def _adopt(self, optimizer) -> None:
@@ -500,6 +556,9 @@ class Watcher:
     def finish(self, exc: Optional[BaseException]) -> bool:
         """End the Run: undo every hook first, then the last records, then the state.
         True when `exc` is the watch's own stop (the with block swallows it)."""
+        if self.scaler is not None:   # the last step's update: the Run's scaler is current
+            with contextlib.suppress(Exception):
+                self._update_scale()
         self.remove()
         run, interval = self.run, self.interval
         stopped = isinstance(exc, StopWatching) or (exc is None and run.stop_requested)
@@ -532,14 +591,16 @@ def _amp_choice(requested: str, device: torch.device, optimize: bool, step, key)
     if requested == "off":
         return "off", "asked for"
     if requested == "fp16":
-        raise ConfigError("TrainConfig.amp='fp16' needs a GradScaler in your loop "
-                          "(scaler.scale(loss).backward(); scaler.step(opt)): nt.watch "
-                          "applies bf16 only. Use amp='bf16' or 'auto', or add the scaler "
-                          "to your loop with torch.autocast.", field="amp")
+        if device.type not in ("cuda", "cpu"):
+            return "off", f"no autocast nbtrain trusts on {device.type}"
+        return "fp16", ("asked for: autocast to float16, and a GradScaler through the "
+                        "backward and step hooks (the loss scaled, the step skipped on inf)")
     if device.type == "cuda":
         if gpu_has_bf16(device):
             return "bf16", f"{torch.cuda.get_device_name(device)} has bf16: autocast, no scaler"
-        return "off", "this GPU has no bf16, and fp16 needs a GradScaler in your loop"
+        return "off", ("this GPU has no bf16; nt.watch(amp='fp16') applies fp16 with a "
+                       "GradScaler through the hooks (a clip must be called as "
+                       "torch.nn.utils.clip_grad_norm_ to be scaled along)")
     if device.type != "cpu":
         return "off", f"no autocast nbtrain trusts on {device.type}"
     if requested == "bf16":
