@@ -16,7 +16,8 @@
 #                  copy-bound case; syncs per step                               150 s
 #   precision_mfu  bench/gpu_mfu.py: AMP bf16/fp16 against TF32 and fp32 for a
 #                  conv net and a transformer block, MFU with the prefetch on    150 s
-#   own_loop       bench/own_loop.py --device cuda: nt.watch on the tutorial loop  70 s
+#   own_loop       bench/own_loop.py --device cuda: nt.watch on the tutorial loop,
+#                  fp16 with the watch's GradScaler too                          90 s
 #   processes      bench/processes.py, only with several GPUs (one GPU each; with
 #                  one it would time the CPU)                                     90 s
 set -uo pipefail
@@ -46,7 +47,7 @@ stage tests 130 env TORCH_CUDA_SANITIZER=1 python3 -m pytest -q -p no:cacheprovi
   -o addopts="-ra" tests/test_cuda.py tests/test_data.py::test_prefetcher_yields_batches_on_the_device
 stage data_paths 150 python3 bench/gpu.py
 stage precision_mfu 150 python3 bench/gpu_mfu.py
-stage own_loop 70 python3 bench/own_loop.py --device cuda --repeats 3 --epochs 1
+stage own_loop 90 python3 bench/own_loop.py --device cuda --repeats 3 --epochs 1
 if [ "$(nvidia-smi -L | grep -c '^GPU')" -gt 1 ]; then
   stage processes 90 python3 bench/processes.py --repeats 3
 fi

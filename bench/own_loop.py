@@ -13,7 +13,8 @@ Printed: the median ms per step, the spread (min-max over repeats) and the ratio
 medians to the loop as written, and the watch's diagnosis of the loop. Targets (issue 24):
 watched only <= 1.03x; the defaults never slower, and <= 0.85x on the CNN where bf16 pays
 (a CPU with avx512_bf16). `--device cuda` (bench/gpu.sh) runs the same loop on the GPU:
-the model there, each batch moved by the loop, the watch timing it with CUDA events.
+the model there, each batch moved by the loop, the watch timing it with CUDA events, and
+a fourth way, `nt.watch(amp='fp16')` (autocast and the watch's GradScaler).
 """
 from __future__ import annotations
 
@@ -64,6 +65,12 @@ WAYS = {
     "nt.watch(optimize=False)": dict(optimize=False, progress=False),
     "nt.watch() defaults": dict(progress=False),
 }
+# on a GPU also fp16 with the watch's GradScaler (what a GPU without bf16 would ask for)
+CUDA_WAYS = {**WAYS, "nt.watch(amp='fp16')": dict(progress=False, amp="fp16")}
+
+
+def ways_on(device: str) -> dict:
+    return WAYS if device == "cpu" else CUDA_WAYS
 
 
 def one_call(make_model, make_data, way, epochs: int, device: str = "cpu") -> tuple:
@@ -88,11 +95,12 @@ def one_call(make_model, make_data, way, epochs: int, device: str = "cpu") -> tu
 
 def measure(make_model, make_data, repeats: int, epochs: int, device: str = "cpu") -> tuple:
     """(seconds per step of each way over the repeats, each way's last diagnosis)."""
-    for way in WAYS.values():   # warm-up: allocator, kernels, the watch's cached probes
+    ways = ways_on(device)
+    for way in ways.values():   # warm-up: allocator, kernels, the watch's cached probes
         one_call(make_model, make_data, way, epochs, device)
-    times, diagnoses = {name: [] for name in WAYS}, {}
+    times, diagnoses = {name: [] for name in ways}, {}
     for _ in range(repeats):
-        for name, way in WAYS.items():
+        for name, way in ways.items():
             seconds, diagnoses[name] = one_call(make_model, make_data, way, epochs, device)
             times[name].append(seconds)
     return times, diagnoses
