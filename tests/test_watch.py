@@ -392,8 +392,8 @@ def test_a_loop_that_waits_for_its_per_sample_data_gets_workers_from_its_second_
 
 
 def test_a_setting_the_watch_does_not_apply_yet_is_refused_not_ignored():
-    for name, value in (("pin_memory", True), ("channels_last", True),
-                        ("prefetch_to_device", True), ("persistent_workers", True)):
+    for name, value in (("pin_memory", True), ("prefetch_to_device", True),
+                        ("persistent_workers", True)):
         with pytest.raises(ConfigError, match=f"TrainConfig.{name} is not applied to a loop of your own yet"):
             nt.watch(**{name: value})
     with pytest.raises(ConfigError, match="on_nan='skip' would skip your loop's update"):
@@ -498,6 +498,38 @@ def test_amp_fp16_clips_the_true_gradients_where_the_loop_clips():
     with nt.watch(amp="fp16", optimizer_impl="for-loop", **QUIET):
         got = plain_loop(watched, opt_b, batches, clip=0.1)
     assert got == pytest.approx(expected, rel=1e-4) and max(got) < 10
+    for a, b in zip(reference.parameters(), watched.parameters()):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+    assert_left_as_found()
+
+
+# -- channels_last (opt-in) --------------------------------------------------------------------
+def conv_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 8 * 8, 4))
+
+
+def test_channels_last_lays_out_the_weights_and_inputs_in_nhwc_for_the_watch_only():
+    x = torch.randn(64, 2, 8, 8, generator=torch.Generator().manual_seed(0))   # C > 1: NHWC differs
+    y = torch.randint(0, 4, (64,), generator=torch.Generator().manual_seed(1))
+    reference, watched = conv_net(), conv_net()
+    params = list(watched.parameters())
+    seen = []
+    probe = watched[0].register_forward_pre_hook(
+        lambda m, args: seen.append((args[0].is_contiguous(memory_format=torch.channels_last),
+                                     m.weight.is_contiguous(memory_format=torch.channels_last))))
+    opt_a = torch.optim.SGD(reference.parameters(), 0.1)
+    opt_b = torch.optim.SGD(watched.parameters(), 0.1)
+    expected = train(reference, opt_a, loader_of(x, y, batch_size=16), epochs=1)
+    with nt.watch(channels_last=True, amp="off", **QUIET) as run:
+        got = train(watched, opt_b, loader_of(x, y, batch_size=16), epochs=1)
+    probe.remove()
+    # the first forward (where the watch finds the model) as written, then NHWC
+    assert seen[0] == (False, False) and seen[1:] == [(True, True)] * 3
+    assert run.resolved["channels_last"][0] is True
+    assert got == pytest.approx(expected, rel=1e-4)
+    assert list(watched.parameters()) == params and all(
+        p.is_contiguous() for p in watched.parameters())   # laid out as before, same objects
     for a, b in zip(reference.parameters(), watched.parameters()):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
     assert_left_as_found()

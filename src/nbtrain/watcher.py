@@ -49,14 +49,13 @@ from .telemetry import Interval
 # The TrainConfig fields a watch can apply to someone else's loop; the rest (epochs,
 # batch_size, optimizer, lr, scheduler, ...) the loop itself decides.
 OWN_LOOP_FIELDS = ("amp", "batched_fetch", "num_workers", "num_threads", "optimizer_impl",
-                   "log_every", "count_flops", "telemetry", "history_limit", "on_nan")
+                   "channels_last", "log_every", "count_flops", "telemetry", "history_limit",
+                   "on_nan")
 # Settings a watch does not apply yet: asked for, they are refused rather than ignored.
 NOT_YET = {
     "pin_memory": "pinned copies need your loop's .to(device, non_blocking=True): "
                   "DataLoader(..., pin_memory=True) in your code",
     "prefetch_to_device": "the copy is in your loop's code (.to(device))",
-    "channels_last": "convert in your code: model.to(memory_format=torch.channels_last) and "
-                     "xb.to(memory_format=torch.channels_last)",
     "persistent_workers": "the workers nt.watch starts are kept across epochs already",
 }
 KEPT = "your loop's own"
@@ -106,6 +105,7 @@ class Watcher:
         self.model = self.interval = self.device = None
         self.amp = "off"
         self.scaler = None              # amp='fp16': the GradScaler the hooks apply
+        self._to_channels_last = False  # channels_last=True: convert at the next forward
         self._unscaled = set()          # ids of the optimizers unscaled since the last update
         self._undo = []                 # what remove() calls, last first
         self._inside = False            # nbtrain's own code runs: its calls are not the loop's
@@ -233,6 +233,7 @@ class Watcher:
         self.interval.reset(self.run.step)   # the measuring is no step's time
         self.interval.copy_started()
         self.interval.copy_done()
+        self._to_channels_last = self.optimize and self.run.config.channels_last is True
         self._model_hooks = [
             model.register_forward_pre_hook(self._model_starts, with_kwargs=True),
             model.register_forward_hook(self._model_ends, with_kwargs=True, always_call=True)]
@@ -249,7 +250,22 @@ class Watcher:
             context = torch.autocast(self.device.type, dtype=_DTYPES[self.amp])
             context.__enter__()
             self._autocast.append(context)
+        if self.run.resolved.get("channels_last", (False,))[0]:
+            return _channels_last_inputs(args, kwargs)
+        if self._to_channels_last:
+            self._to_channels_last = False
+            self._convert_to_channels_last(module)
+            return _channels_last_inputs(args, kwargs)
         return None
+
+    def _convert_to_channels_last(self, model) -> None:
+        """channels_last=True: the model's 4-d weights in NHWC from its second forward (the
+        first one's backward holds the weights as they were), for the watch only: the same
+        Parameter objects, laid out as they were again on the way out."""
+        model.to(memory_format=torch.channels_last)
+        self._keep(lambda: model.to(memory_format=torch.contiguous_format))
+        self.run.resolved["channels_last"] = (True, "asked for: the model's 4-d weights and "
+                                                    "inputs in NHWC, for the watch only")
 
     def _model_ends(self, module, args, kwargs, output):
         if self._inside or not self._autocast:
@@ -633,6 +649,15 @@ def _as_batch(args, kwargs):
     if kwargs and not args:
         return dict(kwargs), None
     return (*args, None), lambda output, _targets: _first_tensor(output).float().sum()
+
+
+def _channels_last_inputs(args, kwargs):
+    """The forward's 4-d tensor arguments in NHWC (a no-op for those already so)."""
+    def convert(value):
+        if isinstance(value, torch.Tensor) and value.dim() == 4:
+            return value.contiguous(memory_format=torch.channels_last)
+        return value
+    return tuple(convert(a) for a in args), {k: convert(v) for k, v in kwargs.items()}
 
 
 def _samples_in(args, kwargs) -> int:
