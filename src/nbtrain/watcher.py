@@ -106,6 +106,7 @@ class Watcher:
         self.amp = "off"
         self.scaler = None              # amp='fp16': the GradScaler the hooks apply
         self._to_channels_last = False  # channels_last=True: convert at the next forward
+        self._channels_last = False     # the model is in NHWC now
         self._unscaled = set()          # ids of the optimizers unscaled since the last update
         self._undo = []                 # what remove() calls, last first
         self._inside = False            # nbtrain's own code runs: its calls are not the loop's
@@ -250,11 +251,9 @@ class Watcher:
             context = torch.autocast(self.device.type, dtype=_DTYPES[self.amp])
             context.__enter__()
             self._autocast.append(context)
-        if self.run.resolved.get("channels_last", (False,))[0]:
-            return _channels_last_inputs(args, kwargs)
         if self._to_channels_last:
-            self._to_channels_last = False
-            self._convert_to_channels_last(module)
+            if not self._channels_last:   # the second forward: the first backward is done
+                self._convert_to_channels_last(module)
             return _channels_last_inputs(args, kwargs)
         return None
 
@@ -263,6 +262,7 @@ class Watcher:
         first one's backward holds the weights as they were), for the watch only: the same
         Parameter objects, laid out as they were again on the way out."""
         model.to(memory_format=torch.channels_last)
+        self._channels_last = True
         self._keep(lambda: model.to(memory_format=torch.contiguous_format))
         self.run.resolved["channels_last"] = (True, "asked for: the model's 4-d weights and "
                                                     "inputs in NHWC, for the watch only")
@@ -338,7 +338,8 @@ class Watcher:
         return clip
 
     def _on_backward(self, loss: torch.Tensor) -> None:
-        self._ensure_interval(loss.device)
+        if self.interval is None:
+            self._ensure_interval(loss.device)
         value = loss.detach()
         self.interval.add(value if value.dim() == 0 else value.float().mean(), self._samples)
         self._samples = 0
@@ -400,6 +401,8 @@ class Watcher:
         not per step: each call in a step is time the loop waits for)."""
         interval = self.interval
         interval.count("host_reads", self._host_reads)
+        if self._collates_tensors:   # every sample of the training loader's batches
+            interval.count("collated_samples", interval.samples)
         # a loss still alive after its step: the loop keeps it, and with it its graph
         interval.count("kept_losses", interval.steps * any(
             (t := ref()) is not None and t.requires_grad for ref in list(self._losses)[:-1]))
@@ -440,9 +443,6 @@ class Watcher:
                 waited += wait
                 if self.interval is not None:
                     self.interval.data_wait_s += wait
-            if self._collates_tensors and self.interval is not None and \
-                    self._training_loader() is loader:
-                self.interval.count("collated_samples", _samples_in((batch,), {}))
             yield batch
 
     def _source(self, loader, original):

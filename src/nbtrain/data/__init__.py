@@ -158,8 +158,9 @@ def _dataset_source(dataset, cfg: TrainConfig, device, resolved: Resolved,
     has_getitems = hasattr(dataset, "__getitems__")
     resolved["batched_fetch"] = (has_getitems, "dataset has __getitems__" if has_getitems
                                  else why_per_sample)
-    resolved["data_on_device"] = (device.type == "cpu", "per-sample dataset: batches are "
-                                  "copied as they are loaded")
+    resolved["data_on_device"] = (device.type == "cpu", "device is the CPU: batches are loaded "
+                                  "into its memory" if device.type == "cpu" else
+                                  "per-sample dataset: batches are copied as they are loaded")
     workers, why = _resolve_workers(cfg)
     resolved["num_workers"] = (workers, why)
     pin, why = _resolve_pin(cfg, device, on_device=False)
