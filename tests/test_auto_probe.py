@@ -88,6 +88,21 @@ def test_the_same_data_in_a_new_object_is_not_measured_again(fresh_probe):
     assert len(fresh_probe) == 2 and first["num_workers"][0] == again["num_workers"][0]
 
 
+@pytest.mark.parametrize("torch_threads", [2], indirect=True)
+def test_a_measurement_that_could_not_afford_worker_counts_does_not_serve_a_longer_run(
+        torch_threads, fresh_probe):
+    """A run long enough to time thread counts but not to start workers says so; a longer
+    run of the same model and data (in the same session) times the workers too."""
+    model, data = mlp(), Rows(256, sleep_s=0.001)   # loading waits: workers are candidates
+    # 400 steps of 30-100 ms: 5% pays for the 2 thread counts, not for 2 worker starts too
+    short = probed(model, data, batch_size=32, epochs=50)
+    assert "worker counts not timed: timing them would cost more than 5%" in \
+        short["num_workers"][1], short["num_workers"][1]
+    long = probed(model, data, batch_size=32, epochs=2000)
+    assert len(fresh_probe) == 2 and "measured earlier" not in long["num_workers"][1]
+    assert ", 1: " in long["num_workers"][1] and "not timed" not in long["num_workers"][1]
+
+
 def test_the_measurement_is_reused_until_the_load_changes_a_lot(monkeypatch, fresh_probe):
     load = [0.5]
     monkeypatch.setattr(probe.os, "getloadavg", lambda: (load[0], load[0], load[0]))

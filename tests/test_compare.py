@@ -164,3 +164,15 @@ def test_plateau_trains_with_val_data_after_a_warm_up_that_validates_nothing(blo
     cmp = compare(mlp, blobs, F.cross_entropy, configs={"plateau": {"scheduler": "plateau"}},
                   base=quick(max_steps=3), val_data=blobs)
     assert cmp.runs["plateau"][0].state == "finished"
+
+
+def test_the_table_says_how_many_seeds_its_figures_are_over():
+    from nbtrain.compare import Comparison
+
+    class Done:   # what row_of reads of a finished run is not needed for the footer
+        pass
+    one = Comparison.__new__(Comparison)
+    one.runs, one.target_loss = {"a": [Done()], "b": [Done()]}, 0.5
+    assert one._footer().endswith("one seed each")
+    one.runs = {"a": [Done(), Done()], "b": [Done(), Done()]}
+    assert one._footer().endswith("means over 2 seeds")

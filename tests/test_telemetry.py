@@ -321,3 +321,32 @@ def test_records_a_few_milliseconds_apart_share_a_diagnosis_and_the_last_has_its
     assert len(train) == 20 and calls[0] == train[0]["step"] and calls[-1] == train[-1]["step"]
     assert len(calls) == 2, calls   # the first record and the last one
     assert all(r["diagnosis"] == train[0]["diagnosis"] for r in train[:-1])
+
+
+def test_input_bound_advice_names_only_what_would_change_something():
+    """batched_fetch=True only for tensors loaded per sample (a Dataset without
+    __getitems__ cannot batch), a packed format only for data not packed already."""
+    slow = {"data_wait_frac": 0.6, "copy_frac": 0.0, "compute_frac": 0.4}
+    per_sample = {"device": ("cpu", ""), "num_workers": (0, ""), "data_on_device": (True, ""),
+                  "batched_fetch": (False, "per-sample dataset")}
+    text = diagnosis.diagnose(slow, per_sample)
+    assert "batched_fetch=True" not in text and "num_workers=" in text and "pack_lmdb" in text
+    tensors_off = dict(per_sample, batched_fetch=(False, "batched_fetch off: per-sample "
+                                                         "__getitem__ + collate"))
+    assert "batched_fetch=True" in diagnosis.diagnose(slow, tensors_off)
+    packed = dict(per_sample, batched_fetch=(False, "per-sample dataset (packed LMDB records)"))
+    assert "pack_lmdb" not in diagnosis.diagnose(slow, packed)
+
+
+def test_batched_fetch_asked_for_a_dataset_that_cannot_batch_says_so():
+    class Rows(torch.utils.data.Dataset):
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            return torch.zeros(8), torch.tensor(i % 3)
+    with pytest.warns(UserWarning, match="Rows has no __getitems__"):
+        run = nt.fit(mlp(), Rows(), F.cross_entropy, progress=False,
+                     config=quick(max_steps=2, batched_fetch=True, count_flops=False))
+    value, why = run.resolved["batched_fetch"]
+    assert value is False and why.startswith("asked for, but Rows has no __getitems__")

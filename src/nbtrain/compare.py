@@ -163,12 +163,20 @@ class Comparison:
         return comparison_report(self, path)
 
     def __repr__(self) -> str:
-        target = f"target loss {cell(self.target_loss)}"
-        return text_table(COLUMNS, self.rows) + f"\n({target}; means over seeds)"
+        return text_table(COLUMNS, self.rows) + f"\n({self._footer()})"
 
     def _repr_html_(self) -> str:
-        return html_table(COLUMNS, self.rows) + \
-            f"<p>target loss {cell(self.target_loss)}; means over seeds</p>"
+        return html_table(COLUMNS, self.rows) + f"<p>{self._footer()}</p>"
+
+    def _footer(self) -> str:
+        counts = sorted({len(rs) for rs in self.runs.values()})
+        if counts in ([], [1]):
+            over = "one seed each"
+        elif len(counts) == 1:
+            over = f"means over {counts[0]} seeds"
+        else:
+            over = "means over each config's seeds"
+        return f"target loss {cell(self.target_loss)}; {over}"
 
     def _ipython_display_(self) -> None:
         display_with_figure(self, self.figure)

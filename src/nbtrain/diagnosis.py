@@ -116,15 +116,18 @@ def _input_fixes(resolved: dict) -> str:
         return (f"DataLoader(..., num_workers={more}, persistent_workers=True) in your loop, "
                 "or a packed format (nt.data.pack_lmdb)")
     tips = []
-    if _value(resolved, "batched_fetch") is False and workers == 0:
-        tips.append("batched_fetch=True")
-    if workers is not None and _value(resolved, "batched_fetch") is False:
+    batched, why_batched = resolved.get("batched_fetch", (None, ""))
+    if batched is False and workers == 0 and why_batched.startswith("batched_fetch off"):
+        tips.append("batched_fetch=True")   # tensors loaded per sample: one index op instead
+    if workers is not None and batched is False:
         tips.append(f"num_workers={min(max(workers * 2, 2), available_cores())}")
     if not _value(resolved, "data_on_device", True):
         tips.append("data_on_device=True")
-    tips.append("prefetch_factor=4 / persistent_workers=True" if workers else
-                "a packed format (nt.data.pack_lmdb)")
-    return " or ".join(tips)
+    if workers:
+        tips.append("prefetch_factor=4 / persistent_workers=True")
+    elif "(packed " not in why_batched:   # not advised for what is packed already
+        tips.append("a packed format (nt.data.pack_lmdb)")
+    return " or ".join(tips or [f"num_workers={min(2, available_cores())}"])
 
 
 def _copy_fixes(resolved: dict) -> str:

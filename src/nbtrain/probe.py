@@ -45,6 +45,8 @@ class Measured:
     step_s: Dict[Pair, float]     # steady-state seconds per step (load + forward/backward)
     startup_s: Dict[int, float]   # starting that many workers, up to their first batch
     load: float                   # os.getloadavg()'s 1-minute figure while measuring
+    planned: int = 0              # the steps of the run it was measured for
+    untimed: str = ""             # why worker counts were not timed, when they were not
 
 
 _MEASURED: Dict[tuple, Measured] = {}   # (model, data, machine, settings) -> Measured
@@ -65,10 +67,11 @@ def settle_workers_and_threads(run, setup, model, key):
     fewest = _fewest_steps(pairs)
     if planned * BUDGET_SHARE < fewest and key not in _MEASURED:   # not even worth timing a step
         return _plain_loop_choice(run, batches, f"run too short to measure: {planned} steps "
-                                  f"(measuring takes about {fewest} steps)")
+                                  f"(measuring takes about {fewest}, more than "
+                                  f"{BUDGET_SHARE:.0%} of them)")
     try:
-        found, cached = _measured(key, lambda: measure(batches, cfg, pairs, _trial_step(setup),
-                                                       model, planned))
+        found, cached = _measured(key, planned, lambda: measure(
+            batches, cfg, pairs, _trial_step(setup), model, planned))
     except TooShort as short:   # the safe choice: loading as the plain loop loads
         return _plain_loop_choice(run, batches, str(short))
     except Exception as exc:   # the real first step reports a broken sample or model properly
@@ -77,6 +80,8 @@ def settle_workers_and_threads(run, setup, model, key):
     pairs = [p for p in pairs if p in found.step_s]   # a short run times threads only
     batches_per_start = _batches_per_worker_start(run, batches)
     (workers, threads), reasons = choose(found, pairs, batches_per_start, cached)
+    if found.untimed:
+        reasons["num_workers"] += f"; {found.untimed}"
     if isinstance(batches, LoaderBatches):
         run.resolved["num_workers"] = (workers, reasons["num_workers"])
         if workers != batches.loader.num_workers:
@@ -185,7 +190,7 @@ def measure(batches, cfg, pairs: List[Pair], step, model, planned: int = 10**9) 
     timed only where loading a batch takes a real share of a step; a run too short for
     even the thread counts raises TooShort."""
     load = os.getloadavg()[0]
-    feeds = {}
+    feeds, untimed = {}, ""
     try:
         with _nothing_changes(model):
             feeds[0] = Feed(batches, cfg, 0)
@@ -193,7 +198,7 @@ def measure(batches, cfg, pairs: List[Pair], step, model, planned: int = 10**9) 
             one_step = min(_time_pair(feeds[0], t, step, 1) for t in {pairs[0][1], pairs[-1][1]})
             if one_step * ROUNDS * len(pairs) * 2 > MAX_PROBE_S:
                 raise TimeoutError(f"a step takes {_ms(one_step)}: too slow to probe")
-            pairs = _affordable(pairs, feeds[0], one_step, planned)
+            pairs, untimed = _affordable(pairs, feeds[0], one_step, planned)
             for w in sorted({w for w, _ in pairs} - {0}):
                 feeds[w] = Feed(batches, cfg, w)
             reps = max(1, min(8, int(BUDGET_S / (ROUNDS * len(pairs) * one_step)) - 1))
@@ -201,11 +206,13 @@ def measure(batches, cfg, pairs: List[Pair], step, model, planned: int = 10**9) 
     finally:
         for feed in feeds.values():
             feed.close()
-    return Measured(step_s, {w: feed.startup_s for w, feed in feeds.items()}, load)
+    return Measured(step_s, {w: feed.startup_s for w, feed in feeds.items()}, load, planned,
+                    untimed)
 
 
-def _affordable(pairs: List[Pair], feed, one_step: float, planned: int) -> List[Pair]:
-    """The pairs worth their cost: the run's own time is about `planned` steps of
+def _affordable(pairs: List[Pair], feed, one_step: float, planned: int) -> Tuple[List[Pair], str]:
+    """The pairs worth their cost, and why worker counts among them were not kept ('' when
+    they were, or there were none): the run's own time is about `planned` steps of
     `one_step`; worker counts only when loading a batch waits, and only when their
     start-up and steps fit the budget. Raises TooShort when nothing worth measuring fits."""
     budget = BUDGET_SHARE * planned * one_step
@@ -219,9 +226,14 @@ def _affordable(pairs: List[Pair], feed, one_step: float, planned: int) -> List[
         return min(BUDGET_S, ROUNDS * len(chosen) * 2 * one_step) + WORKER_START_S * starts
     waits = load_s >= WAITS_FOR_DATA * one_step
     if waits and cost(pairs) <= budget:
-        return pairs
+        return pairs, ""
     if len(threads) > 1 and cost(threads) <= budget:
-        return threads
+        if len(threads) == len(pairs):
+            return threads, ""
+        return threads, (f"worker counts not timed: timing them would cost more than "
+                         f"{BUDGET_SHARE:.0%} of this run" if waits else
+                         f"worker counts not timed: loading a batch takes {_ms(load_s)} of a "
+                         f"{_ms(one_step)} step, so no worker would pay")
     if not waits and len(threads) < 2:
         raise TooShort(f"loading a batch takes {_ms(load_s)} of a {_ms(one_step)} step: no "
                        "worker would pay, nothing else to measure")
@@ -338,11 +350,15 @@ def _nothing_changes(model):
             numpy.random.set_state(np_state)
 
 
-def _measured(key: tuple, measure_now) -> Tuple[Measured, bool]:
-    """The cached measurement for `key` (True), or a new one (False) when there is none
-    or the load has since changed by more than half the cores (at least 1)."""
+def _measured(key: tuple, planned: int, measure_now) -> Tuple[Measured, bool]:
+    """The cached measurement for `key` (True), or a new one (False) when there is none,
+    the load has since changed by more than half the cores (at least 1), or it left the
+    worker counts untimed for want of budget and this run is longer (it may afford them)."""
     found = _MEASURED.get(key)
-    if found is not None and abs(os.getloadavg()[0] - found.load) <= load_change_that_counts():
+    outgrown = found is not None and "would cost more" in found.untimed \
+        and planned > found.planned
+    if found is not None and not outgrown and \
+            abs(os.getloadavg()[0] - found.load) <= load_change_that_counts():
         return found, True
     found = _MEASURED[key] = measure_now()
     return found, False

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from typing import Callable, Dict, Tuple
 
 import torch
@@ -156,6 +157,14 @@ def _dataset_source(dataset, cfg: TrainConfig, device, resolved: Resolved,
                           f"{type(dataset).__name__}. Use data_on_device='auto' or False.",
                           field="data_on_device")
     has_getitems = hasattr(dataset, "__getitems__")
+    packed = getattr(dataset, "packed_format", None)
+    if packed:
+        why_per_sample = f"{why_per_sample} (packed {packed} records)"
+    if cfg.batched_fetch is True and not has_getitems:
+        why_per_sample = (f"asked for, but {type(dataset).__name__} has no __getitems__: each "
+                          "sample is read by __getitem__ and collated. Give it a "
+                          "__getitems__(indices), or pass in-memory tensors")
+        warnings.warn(f"TrainConfig.batched_fetch=True: {why_per_sample}.", stacklevel=4)
     resolved["batched_fetch"] = (has_getitems, "dataset has __getitems__" if has_getitems
                                  else why_per_sample)
     resolved["data_on_device"] = (device.type == "cpu", "device is the CPU: batches are loaded "

@@ -480,6 +480,7 @@ def _open(path: str):
 
 
 class LMDBDataset(Dataset):
+    packed_format = "LMDB"   # the diagnosis does not advise packing what is packed
     """Map-style dataset over a database written by `pack_lmdb`.
 
     Every read is checked against the sample's checksum; the first time a version of the

@@ -412,6 +412,7 @@ def _values(stored, kind: str):
 
 
 class TFRecordDataset(Dataset):
+    packed_format = "TFRecord"   # the diagnosis does not advise packing what is packed
     """Map-style dataset over TFRecord files of tf.train.Examples, read without TensorFlow.
 
     `paths`: a file, a glob pattern ("data/train-*.tfrecord") or a list of either; files
