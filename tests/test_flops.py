@@ -214,3 +214,20 @@ def test_a_rerun_with_the_same_model_and_batch_shape_is_not_counted_again(blobs,
     assert len(calls) == 1
     assert again.resolved["flops_per_step"][0] == first.resolved["flops_per_step"][0]
     assert "counted before in this process" in again.resolved["flops_per_step"][1]
+
+
+def test_a_cpu_running_fp32_matmuls_in_bf16_is_measured_against_its_bf16_peak(monkeypatch):
+    """set_float32_matmul_precision('medium') makes oneDNN compute fp32 matmuls in bf16 on
+    a CPU with bf16 units: MFU is then read against the bf16 peak."""
+    from nbtrain import flops
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(flops, "cpu_bf16_feature", lambda: "avx512_bf16")
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("medium")
+        assert flops.precision("off", cpu) == "bf16"
+        monkeypatch.setattr(flops, "cpu_bf16_feature", lambda: "")
+        assert flops.precision("off", cpu) == "fp32"
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert flops.precision("off", cpu) == "fp32"

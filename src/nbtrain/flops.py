@@ -42,7 +42,8 @@ from typing import NamedTuple, Optional
 import torch
 
 from .data.nested import structure
-from .devices import autocast_context, cpuinfo, intra_op_threads, load_change_that_counts
+from .devices import (autocast_context, cpu_bf16_feature, cpuinfo, intra_op_threads,
+                      load_change_that_counts)
 from .files import atomic_write, cache_dir
 from .losses import outputs_and_loss
 from .memory import leaves_no_trace
@@ -149,11 +150,15 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32,
 
 def precision(amp: str, device: torch.device) -> str:
     """The precision of the run's matmuls: autocast's, else TF32 where CUDA uses it for fp32
-    (off by default: torch.get_float32_matmul_precision() is 'highest')."""
+    (off by default: torch.get_float32_matmul_precision() is 'highest'), or bf16 where a
+    CPU with bf16 units runs fp32 matmuls in it ('medium': oneDNN computes them in bf16)."""
     if amp in ("bf16", "fp16"):
         return amp
     if device.type == "cuda" and _fp32_runs_tf32("matmul"):
         return "tf32"
+    if device.type == "cpu" and torch.get_float32_matmul_precision() == "medium" \
+            and cpu_bf16_feature():
+        return "bf16"
     return "fp32"
 
 
