@@ -235,9 +235,10 @@ class Watcher:
         self.interval.copy_started()
         self.interval.copy_done()
         self._to_channels_last = self.optimize and self.run.config.channels_last is True
-        self._model_hooks = [
-            model.register_forward_pre_hook(self._model_starts, with_kwargs=True),
-            model.register_forward_hook(self._model_ends, with_kwargs=True, always_call=True)]
+        self._model_hooks = [model.register_forward_pre_hook(self._model_starts, with_kwargs=True)]
+        if self.amp != "off":   # the autocast's end: a hook per forward only where there is one
+            self._model_hooks.append(model.register_forward_hook(
+                self._model_ends, with_kwargs=True, always_call=True))
         self._keep(lambda: [h.remove() for h in self._model_hooks])
 
     def _model_starts(self, module, args, kwargs):
