@@ -79,9 +79,10 @@ def autotune(make_model, train_data, loss_fn: Optional[Callable] = None, *, conf
     measure = Trials(make_model, train_data, loss_fn, base, device)
     busy = busy_note()
     trials, cost_s, notes = search(measure, candidates, budget_s, base)
+    busy = busy or busy_note()   # busy as it started, or as it ended
     notes += [busy] if busy else []
     tuning = Tuning(base, trials, cost_s, budget_s, about, from_cache=False, notes=notes)
-    if cache:
+    if cache and not busy:   # trials timed on a busy machine are not worth serving later
         save_cached(key, {"version": CACHE_VERSION, "about": about, "trials": trials,
                           "cost_s": cost_s, "notes": notes, "created": time.time()})
     return tuning
@@ -97,8 +98,8 @@ def busy_note(sample_s: float = 0.25) -> str:
     busy = psutil.cpu_percent(interval=sample_s)   # % of all cores, every process
     if busy < 50:
         return ""
-    return (f"other processes kept the CPUs {busy:.0f}% busy as tuning started: they slow "
-            "trials unevenly. Re-run with refresh=True when the machine is idle.")
+    return (f"other processes kept the CPUs {busy:.0f}% busy while tuning: they slow trials "
+            "unevenly, so this answer is not cached. Re-run when the machine is idle.")
 
 
 # -- what to try ----------------------------------------------------------------------------
