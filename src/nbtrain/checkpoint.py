@@ -28,7 +28,7 @@ def rng_state(device=None) -> dict:
     Only the run's own GPU: the others are not the run's, and a resume may see fewer GPUs or
     train on another index. A CPU run never calls into torch.cuda.
     """
-    state = {"cpu": torch.get_rng_state()}
+    state = {"cpu": torch.default_generator.get_state()}   # what get_rng_state returns
     if device is not None and getattr(device, "type", device) != "cpu" \
             and torch.device(device).type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)

@@ -183,6 +183,18 @@ def _gain_file(key):
     return cache_dir() / "bf16" / f"{digest}.json"
 
 
+def seed_all(seed: int) -> None:
+    """torch.manual_seed(seed), without its cost on a machine with only a CPU: there it also
+    queues a seed for each absent accelerator with a formatted stack trace (lazy init),
+    half a millisecond a call, which a short fit in a re-run cell pays every time."""
+    xpu = getattr(torch, "xpu", None)
+    if torch.cuda.is_available() or torch.backends.mps.is_available() or \
+            (xpu is not None and xpu.is_available()):
+        torch.manual_seed(seed)
+    else:
+        torch.default_generator.manual_seed(seed)
+
+
 _NO_AUTOCAST = contextlib.nullcontext()   # reusable: nothing to set up per step
 
 

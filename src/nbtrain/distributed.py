@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader
 from . import checkpoint as ckpt
 from .config import ConfigError, TrainConfig
 from .data.batches import source_of
-from .devices import available_cores, resolve_device, resolve_device_type
+from .devices import available_cores, resolve_device, resolve_device_type, seed_all
 from .optim import build_optimizer, resolve_impl
 from .loop import train_safely
 from .prepare import batches_per_epoch, count_steps, samples_in
@@ -625,7 +625,7 @@ def _prepare_rank(run: RankRun, payload: dict, backend: str, share: int):
     if state is not None:
         ckpt.restore(run, state)
     else:
-        torch.manual_seed(cfg.seed)   # the same on every rank: resumes restore rank 0's RNG
+        seed_all(cfg.seed)   # the same on every rank: resumes restore rank 0's RNG
     if payload["schedule"] is not None:
         run.equip(schedule=payload["schedule"](run.schedule))
     return setup

@@ -23,6 +23,7 @@ import torch
 from . import checkpoint as ckpt
 from . import loop
 from .config import ConfigError, TrainConfig, as_config
+from .devices import seed_all
 from .prepare import prepare
 from .run import Run
 from .schedule import Schedule
@@ -148,7 +149,7 @@ def _engine(run: Run, model, train_data, loss_fn, val_data, state, schedule) -> 
     if state is not None:
         ckpt.restore(run, state)
     else:
-        torch.manual_seed(run.config.seed)   # dropout and friends repeat; data order has its own RNG
+        seed_all(run.config.seed)   # dropout and friends repeat; data order has its own RNG
     return lambda: functools.partial(loop.train_safely, run, setup)
 
 

@@ -153,6 +153,7 @@ def _note(run: Run, text: str) -> None:
 def _step(run: Run, setup: Setup, window, interval: Interval) -> float:
     """One optimizer step on a window of micro-batches (gradient accumulation); returns its LR."""
     cfg, opt, scaler = run.config, run.optimizer, run.scaler
+    scaled = scaler.is_enabled()   # fp16; otherwise its calls are skipped, not made as no-ops
     # --- set the LR for this step (a pure function of the step: see schedule.py)
     lr = run.schedule.lr(run.step)
     for group in opt.param_groups:
@@ -163,13 +164,12 @@ def _step(run: Run, setup: Setup, window, interval: Interval) -> float:
         interval.copy_started()
         batch = setup.move(batch)
         interval.copy_done()
-        with autocast_context(setup.amp, setup.device):
-            _, loss = outputs_and_loss(setup.forward, setup.loss_fn, batch)
+        loss = _forward_loss(setup, batch)
         losses.append(loss.detach())
         interval.add(losses[-1], batch_len(batch))
         if len(window) > 1:
             loss = loss / len(window)
-        scaler.scale(loss).backward()
+        (scaler.scale(loss) if scaled else loss).backward()
     # --- update
     if cfg.on_nan == "skip" and not _all_finite(losses):   # a host sync, skip mode only
         opt.zero_grad(set_to_none=True)
@@ -179,11 +179,23 @@ def _step(run: Run, setup: Setup, window, interval: Interval) -> float:
         scaler.unscale_(opt)   # clip the true gradients, not the fp16-scaled ones
         torch.nn.utils.clip_grad_norm_(setup.params, cfg.clip_grad_norm)
     run.enter("update")   # until _advance: a second Ctrl-C waits (see entry.ctrl_c_stops)
-    scaler.step(opt)
+    if scaled:
+        scaler.step(opt)
+    else:
+        opt.step()
     setup.position.updated = True
-    scaler.update()
+    if scaled:
+        scaler.update()
     opt.zero_grad(set_to_none=True)
     return lr
+
+
+def _forward_loss(setup: Setup, batch) -> torch.Tensor:
+    """The micro-batch's loss, under autocast where the run has it."""
+    if setup.amp == "off":
+        return outputs_and_loss(setup.forward, setup.loss_fn, batch)[1]
+    with autocast_context(setup.amp, setup.device):
+        return outputs_and_loss(setup.forward, setup.loss_fn, batch)[1]
 
 
 def _advance(run: Run, setup: Setup, interval: Interval) -> None:

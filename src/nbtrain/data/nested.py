@@ -114,7 +114,8 @@ def batch_len(batch) -> int:
             batch = next(iter(batch.values()))
         else:
             break
-    return len(batch)
+    shape = getattr(batch, "shape", None)
+    return shape[0] if shape else len(batch)   # a tensor's len() is a Python call too
 
 
 def _holds_samples(item) -> bool:
