@@ -257,3 +257,22 @@ def test_auto_processes_with_one_gpu_named_is_one_process():
     from nbtrain.run import Run
     run = Run(TrainConfig(processes="auto", device="cuda:0"))
     assert distributed.resolve_processes(run) == 1
+
+
+def test_the_watch_times_a_loop_on_the_gpu_with_one_event_at_each_steps_start():
+    """nt.watch on CUDA: the step's start is one event (no copy span to time), the records
+    split the GPU's time, and the loop's own loss reads are counted."""
+    model = torch.nn.Linear(16, 4).cuda()
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    x, y = torch.randn(64, 16, device="cuda"), torch.randint(0, 4, (64,), device="cuda")
+    with nt.watch(progress=False, log_every=5) as run:
+        for _ in range(20):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            loss.item()
+    records = run.records("train")
+    assert run.step == 20 and len(records) == 4
+    assert all(r["compute_s"] > 0 and r["copy_s"] == 0 for r in records)
+    assert records[-1]["host_reads_per_step"] >= 0.8

@@ -350,3 +350,16 @@ def test_batched_fetch_asked_for_a_dataset_that_cannot_batch_says_so():
                      config=quick(max_steps=2, batched_fetch=True, count_flops=False))
     value, why = run.resolved["batched_fetch"]
     assert value is False and why.startswith("asked for, but Rows has no __getitems__")
+
+
+def test_a_step_start_without_a_copy_is_marked_once():
+    from nbtrain.telemetry import HostTimer
+    timer = HostTimer()
+    timer.step_starts()
+    first = timer._step_start
+    timer.step_starts()   # a second forward of the same step (accumulation)
+    assert timer._step_start == first
+    time.sleep(0.01)
+    timer.step_done()
+    copy, compute, _ = timer.totals()
+    assert copy == 0 and compute >= 0.01 and timer._step_start is None

@@ -76,6 +76,9 @@ def _bottleneck(fractions: dict, resolved: dict) -> str:
         # has the host's own time as host_fetch_s
         waited = f"the GPU sat idle {wait:.0%} of each step waiting for data" \
             if "host_fetch_s" in fractions else f"{wait:.0%} of each step waited for data"
+        if fractions.get("collated_samples_per_step", 0.0) > 0:   # nt.watch counted it
+            return (f"input-bound: {waited}, collating in-memory tensors sample by sample "
+                    "- index them instead (see below)")
         return f"input-bound: {waited} - try " + _input_fixes(resolved)
     if copy >= INPUT_BOUND:
         return (f"copy-bound: {copy:.0%} of each step copied batches to the device - try "

@@ -31,6 +31,11 @@ class HostTimer:
     def copy_done(self) -> None:
         self.copy += time.perf_counter() - self._c0
 
+    def step_starts(self) -> None:
+        """The step's work starts (nt.watch: its first forward), with no copy to time."""
+        if self._step_start is None:
+            self._step_start = time.perf_counter()
+
     def wait_started(self) -> None:   # no prefetcher off CUDA
         pass
 
@@ -92,6 +97,12 @@ class CudaTimer:
     def copy_done(self) -> None:
         self._copies.append((self._c0, self._mark()))
 
+    def step_starts(self) -> None:
+        """The step's work starts, with no copy to time: one event, a copy of no length."""
+        if not self._copies:
+            start = self._mark()
+            self._copies.append((start, start))
+
     def step_done(self, host_wait_s: float = 0.0) -> None:
         if self._copies:
             self.steps.append((self._waits, self._copies, self._mark(), host_wait_s))
@@ -135,7 +146,7 @@ class NoTimer:
     def copy_started(self) -> None:
         pass
 
-    copy_done = wait_started = wait_done = copy_started
+    copy_done = wait_started = wait_done = step_starts = copy_started
 
     def step_done(self, host_wait_s: float = 0.0) -> None:
         pass
@@ -185,6 +196,7 @@ class Interval:
         self.micro_ends = []          # micro-batch count after each step of the interval
         self.timer = self._timer_class(before=before)
         self.copy_started, self.copy_done = self.timer.copy_started, self.timer.copy_done
+        self.step_starts = self.timer.step_starts
         self.wait_started, self.wait_done = self.timer.wait_started, self.timer.wait_done
         self.data_wait_s = 0.0
         self._waited_before_step = 0.0   # data_wait_s at the end of the last step

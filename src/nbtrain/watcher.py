@@ -232,8 +232,7 @@ class Watcher:
         self.run.resolved["setup_s"] = (round(setup_s, 4), "measuring on the first batch (bf16 "
                                         "probe, FLOP count), before its backward")
         self.interval.reset(self.run.step)   # the measuring is no step's time
-        self.interval.copy_started()
-        self.interval.copy_done()
+        self.interval.step_starts()
         self._to_channels_last = self.optimize and self.run.config.channels_last is True
         self._model_hooks = [model.register_forward_pre_hook(self._model_starts, with_kwargs=True)]
         if self.amp != "off":   # the autocast's end: a hook per forward only where there is one
@@ -246,8 +245,7 @@ class Watcher:
             return None
         self._stop_if_asked()
         self._samples += _samples_in(args, kwargs)
-        self.interval.copy_started()   # the step's compute starts with its first forward
-        self.interval.copy_done()
+        self.interval.step_starts()   # the step's compute starts with its first forward
         if self.amp != "off":
             context = torch.autocast(self.device.type, dtype=_DTYPES[self.amp])
             context.__enter__()
