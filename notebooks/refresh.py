@@ -14,9 +14,12 @@ For each notebook: execute it top to bottom in a fresh kernel (cwd = notebooks/)
   torch's version, the load), so a reader of the stored timings knows where they came from.
 
 Stored timings are what readers see first, so it refuses to save under load: when the
-1-minute load average is above half the cores as it starts, or when other processes took
-more than half the CPUs while a notebook ran (that notebook is then left as it was).
-`--allow-load` saves anyway, for a draft; the metadata then says how busy it was.
+1-minute load average is above half the cores as it starts, or when the CPUs are more
+than half busy in the seconds before a notebook starts (nothing of ours runs then; that
+notebook and the rest are left as they were). `--allow-load` saves anyway, for a draft.
+The metadata says how busy it was: `others_busy` is the share of the CPUs that processes
+other than this script and the kernels it reaped used while the notebook ran (an upper
+bound: it includes what a notebook started and left running, Ray's daemons say).
 
 Outputs that nbval checks (`# NBVAL_CHECK_OUTPUT` cells) must stay the same from run to
 run: `pytest --nbval-lax notebooks/` after a refresh shows whether they do.
@@ -177,9 +180,14 @@ def machine_metadata(load: float, others: float) -> dict:
             "saved": datetime.date.today().isoformat()}
 
 
+def busy_before() -> float:
+    """The share of the CPUs in use over 2 s while nothing of ours runs."""
+    import psutil
+    return psutil.cpu_percent(interval=2.0) / 100
+
+
 def refresh(path: Path, timeout: int, render, allow_load: bool) -> tuple:
-    """Execute and store one notebook; returns (seconds, bytes, pngs, others' share), or
-    bytes None where it was run under load and left unsaved."""
+    """Execute and store one notebook; returns (seconds, bytes, pngs, others' share)."""
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
                             resources={"metadata": {"path": str(path.parent)}})
@@ -188,8 +196,6 @@ def refresh(path: Path, timeout: int, render, allow_load: bool) -> tuple:
     with CpuShare() as share:
         client.execute()
     seconds = time.perf_counter() - start
-    if share.others > BUSY_LIMIT and not allow_load:
-        return seconds, None, 0, share.others
     strip_widgets(nb)
     pngs = add_pngs(nb, render) if render else 0
     nb.metadata["nbtrain"] = machine_metadata(load, share.others)
@@ -215,12 +221,12 @@ def main(argv=None) -> int:
         print("kaleido is not installed: charts get no PNG (pip install kaleido)")
     failed = False
     for path in paths:
+        busy = busy_before()
+        if busy > BUSY_LIMIT and not args.allow_load:
+            print(f"{path.name:<34}NOT RUN: the CPUs were {busy:.0%} busy before it started; "
+                  "it and the rest are left as they were", flush=True)
+            return 2
         seconds, size, pngs, others = refresh(path, args.timeout, render, args.allow_load)
-        if size is None:
-            print(f"{path.name:<34}{seconds:6.1f} s   NOT SAVED: other processes took "
-                  f"{others:.0%} of the CPUs while it ran", flush=True)
-            failed = True
-            continue
         flag = "" if seconds < 60 and size < MAX_BYTES else "   <-- over 60 s or 1 MB"
         failed |= bool(flag)
         print(f"{path.name:<34}{seconds:6.1f} s {size / 1024:7.0f} KiB  {pngs} chart image(s)"
