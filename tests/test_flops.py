@@ -166,8 +166,8 @@ def test_a_model_the_counter_cannot_run_still_trains(blobs, monkeypatch):
 
 
 @pytest.mark.parametrize("mfu, words", [
-    (0.12, "compute-bound at 12% MFU: the step is launch-bound"),
-    (0.004, "compute-bound at 0.4% MFU: the step is launch-bound"),
+    (0.12, "compute-bound at 12% MFU: the step is overhead-bound"),
+    (0.004, "compute-bound at 0.4% MFU: the step is overhead-bound"),
     (0.35, "compute-bound at 35% MFU - try"),
     (0.7, "compute-bound at 70% MFU: near the hardware"),
 ])
@@ -231,3 +231,10 @@ def test_a_cpu_running_fp32_matmuls_in_bf16_is_measured_against_its_bf16_peak(mo
     finally:
         torch.set_float32_matmul_precision(before)
     assert flops.precision("off", cpu) == "fp32"
+
+
+def test_a_gpu_step_far_below_the_peak_is_launch_bound_and_a_cpu_one_overhead_bound():
+    fractions = {"data_wait_frac": 0.01, "copy_frac": 0.0, "compute_frac": 0.9, "mfu": 0.05}
+    assert "launch-bound (too little work per kernel)" in diagnose(
+        fractions, {"device": ("cuda:0", ""), "amp": ("bf16", "")})
+    assert "overhead-bound" in diagnose(fractions, {"device": ("cpu", ""), "amp": ("bf16", "")})

@@ -61,8 +61,8 @@ def own_loop_findings(fractions: dict) -> list:
             "grows step after step - keep loss.item() or loss.detach()")
     if fractions.get("collated_samples_per_step", 0.0) > 0:
         findings.append(
-            "your DataLoader collates in-memory tensors sample by sample (a __getitem__ and "
-            "a stack per sample) - index them instead (x[idx] for a shuffled idx), or let "
+            "your DataLoader collates in-memory tensors sample by sample (a __getitem__ per "
+            "sample, then a stack of the samples per batch) - index them instead (x[idx] for a shuffled idx), or let "
             "nt.watch do it (batched_fetch, on unless optimize=False)")
     return findings
 
@@ -94,11 +94,19 @@ def _bottleneck(fractions: dict, resolved: dict) -> str:
 def _mfu_diagnosis(mfu: float, resolved: dict) -> str:
     if mfu < LAUNCH_BOUND_MFU:
         tips = ["a larger batch_size"] + _not_on(resolved, compile="compile=True")
-        return (f"compute-bound at {percent(mfu)} MFU: the step is launch-bound (too little work "
-                f"per kernel) - try {' or '.join(tips)}")
+        return (f"compute-bound at {percent(mfu)} MFU: the step is {_overhead_bound(resolved)}"
+                f" - try {' or '.join(tips)}")
     if mfu >= NEAR_PEAK_MFU:
         return f"compute-bound at {percent(mfu)} MFU: near the hardware" + _near_peak_tip(resolved)
     return f"compute-bound at {percent(mfu)} MFU - try " + _compute_fixes(resolved)
+
+
+def _overhead_bound(resolved: dict) -> str:
+    """Why a step far below the peak is slow: a GPU waits on kernel launches; a CPU has no
+    launch, its cost is each operation's overhead (Python, dispatch) next to little work."""
+    if str(_value(resolved, "device", "cpu")).startswith("cpu"):
+        return "overhead-bound (too little work per operation for its Python and dispatch)"
+    return "launch-bound (too little work per kernel)"
 
 
 def _near_peak_tip(resolved: dict) -> str:

@@ -82,6 +82,7 @@ def summary_table(run) -> str:
     width = max(len(name) for name in [k for k, _ in rows] + list(s["settings"])) + 2
     lines = [f"{k:<{width}}{v}" for k, v in rows]
     lines.append("")
-    lines += [f"{name:<{width}}{plain(value):<10}{s['reasons'][name]}"
+    # a value wider than its column keeps a space before its reason
+    lines += [f"{name:<{width}}{plain(value):<10} {s['reasons'][name]}"
               for name, value in s["settings"].items()]
     return "\n".join(lines)
