@@ -2,12 +2,14 @@
 
     .venv/bin/python notebooks/refresh.py                 # every notebook
     .venv/bin/python notebooks/refresh.py 03_mixed_precision.ipynb
+    .venv/bin/python notebooks/refresh.py --png-only          # chart images, nothing run
 
 For each notebook: execute it top to bottom in a fresh kernel (cwd = notebooks/), then
 - strip widget state (`metadata.widgets` and the widget-view part of each output; the
   text/plain fallback stays), so files stay small and GitHub shows text, not errors;
 - add a PNG beside each Plotly chart when kaleido can render one (pip install kaleido;
-  it needs Chrome or Chromium), so the charts also show on GitHub. JupyterLab still
+  it needs Chrome or Chromium: BROWSER_PATH=/usr/bin/chromium for Debian's), so the charts
+  also show on GitHub. JupyterLab still
   draws the interactive chart; nbval ignores images;
 - print the wall time and the file size (the tests want < 60 s on 2 cores and < 1 MB);
 - write the machine into the notebook's metadata (`metadata.nbtrain`: CPU, its bf16 units,
@@ -203,6 +205,20 @@ def refresh(path: Path, timeout: int, render, allow_load: bool) -> tuple:
     return seconds, path.stat().st_size, pngs, share.others
 
 
+def add_pngs_only(paths) -> int:
+    render = png_renderer()
+    if render is None:
+        print("kaleido is not installed, or finds no browser: pip install kaleido, and "
+              "BROWSER_PATH=/usr/bin/chromium")
+        return 1
+    for path in paths:
+        nb = nbformat.read(path, as_version=4)
+        added = add_pngs(nb, render)
+        nbformat.write(nb, path)
+        print(f"{path.name:<34}{added} chart image(s), {path.stat().st_size / 1024:.0f} KiB")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="*", help="file names in notebooks/ (default: all)")
@@ -210,7 +226,12 @@ def main(argv=None) -> int:
     parser.add_argument("--no-png", action="store_true", help="do not add chart images")
     parser.add_argument("--allow-load", action="store_true",
                         help="save even when other processes load the machine (a draft)")
+    parser.add_argument("--png-only", action="store_true",
+                        help="only add chart images to the stored outputs; run nothing")
     args = parser.parse_args(argv)
+    if args.png_only:
+        return add_pngs_only([HERE / n for n in args.notebooks]
+                             or sorted(HERE.glob("[0-9][0-9]_*.ipynb")))
     refusal = "" if args.allow_load else load_refusal()
     if refusal:
         print(f"refusing to save: {refusal}")
