@@ -434,7 +434,7 @@ def fp16_recipe(model, opt, batches, clip=None, poison=None):
     return norms, scaler
 
 
-def plain_loop(model, opt, batches, clip=None, poison=None):
+def plain_loop(model, opt, batches, clip=None, poison=None, grads_after=None):
     """The loop as written, without a scaler."""
     norms = []
     for step, (xb, yb) in enumerate(batches):
@@ -446,6 +446,8 @@ def plain_loop(model, opt, batches, clip=None, poison=None):
         if clip is not None:
             norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
         opt.step()
+        if grads_after is not None:
+            grads_after.append(model[0].weight.grad is not None)
     return norms
 
 
@@ -480,9 +482,11 @@ def test_amp_fp16_skips_a_step_whose_gradients_overflow_and_lowers_the_scale():
     opt_a = torch.optim.Adam(reference.parameters(), 1e-2, foreach=False)
     opt_b = torch.optim.Adam(watched.parameters(), 1e-2, foreach=False)
     _, scaler = fp16_recipe(reference, opt_a, batches, poison=3)
+    grads_after = []
     with nt.watch(amp="fp16", optimizer_impl="for-loop", **QUIET) as run:
-        plain_loop(watched, opt_b, batches, poison=3)
+        plain_loop(watched, opt_b, batches, poison=3, grads_after=grads_after)
     assert same_weights(reference, watched) and run.step == 8
+    assert grads_after == [True] * 8   # the skipped step's gradients are the loop's again
     assert run.scaler.get_scale() == scaler.get_scale() == 2.0 ** 15   # halved once
     assert opt_b.state[watched[0].weight]["step"] == 7   # the skipped step left Adam's state
 

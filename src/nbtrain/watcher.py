@@ -108,6 +108,7 @@ class Watcher:
         self._to_channels_last = False  # channels_last=True: convert at the next forward
         self._channels_last = False     # the model is in NHWC now
         self._unscaled = set()          # ids of the optimizers unscaled since the last update
+        self._set_aside = []            # (param, grad) of a step skipped on inf, until after it
         self._undo = []                 # what remove() calls, last first
         self._inside = False            # nbtrain's own code runs: its calls are not the loop's
         self._depth = 0                 # module calls in progress, until the model is found
@@ -303,7 +304,8 @@ class Watcher:
     def _unscale_or_skip(self, optimizer) -> None:
         """Before `optimizer` steps: its gradients unscaled (GradScaler.unscale_); with an
         inf or NaN among them the step is skipped, as GradScaler.step skips it: without a
-        gradient, torch's optimizers leave a parameter and its state as they are."""
+        gradient, torch's optimizers leave a parameter and its state as they are. The
+        gradients are set aside for the step and given back after it (_after_step)."""
         if id(optimizer) in self._unscaled:
             return
         self._inside = True   # the inf check's .item() is not the loop's host read
@@ -318,7 +320,9 @@ class Watcher:
         if found_inf:
             for group in optimizer.param_groups:
                 for param in group["params"]:
-                    param.grad = None
+                    if param.grad is not None:
+                        self._set_aside.append((param, param.grad))
+                        param.grad = None
 
     def _wrap_clip(self, original):
         """torch.nn.utils.clip_grad_norm_ / clip_grad_value_ on the scaled gradients of an
@@ -377,6 +381,9 @@ class Watcher:
         self._keep(apply_impl(optimizer, impl))
 
     def _after_step(self, optimizer, args, kwargs) -> None:
+        while self._set_aside:   # a skipped step's gradients back, as GradScaler leaves them
+            param, grad = self._set_aside.pop()
+            param.grad = grad
         if self._inside or not self._backwards:
             return   # another optimizer stepping on the same backward: the same step
         self._inside = True
