@@ -130,9 +130,9 @@ class EpochBatchSampler(EpochPlan):
         self.epoch, self.start = 0, 0
 
     def __iter__(self) -> Iterator[List[int]]:
-        order = self.order(self.epoch)
+        order = self.order(self.epoch).tolist()   # once an epoch: a list slice per batch
         for first, end in self.bounds(self.start):
-            yield order[first:end].tolist()
+            yield order[first:end]
 
 
 class LoaderBatches:
