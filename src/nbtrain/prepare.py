@@ -164,7 +164,7 @@ def _measure_parts(run: Run, setup: Setup, model, kept: dict, shard: Callable,
     with _timed(run, parts, "workers/threads probe", "threads and workers"):
         if not kept.keys() & {"num_workers", "num_threads"}:   # a new worker count: same key
             setup.batches = shard(settle_workers_and_threads(run, setup, model, key=key))
-    with _timed(run, parts, "FLOP count and peak", "FLOPs and peak memory"):
+    with _timed(run, parts, "FLOP count and peak", "FLOPs and the peak FLOP/s"):
         if cfg.count_flops:
             run.resolved.update(flops.resolve(
                 model, setup.loss_fn, lambda: load_first_batch(setup), setup.amp, device,
