@@ -1,3 +1,4 @@
+import contextlib
 import sys
 from collections.abc import Mapping
 
@@ -118,3 +119,39 @@ def quick(**overrides) -> nt.TrainConfig:
     base = dict(device="cpu", amp="off", batch_size=32, lr=1e-2, log_every=5)
     base.update(overrides)
     return nt.TrainConfig(**base)
+
+
+class FakeStreams:
+    """torch.cuda's stream calls on a CPU-only build, logged in order (the prefetcher's
+    view of the GPU). `describe(tensor)` names a tensor in the log's "... used on" lines."""
+
+    def __init__(self, monkeypatch, describe=lambda t: str(t.tolist())):
+        self.log, self.active = [], "main"
+        log = self
+
+        class Stream:
+            def __init__(self, device=None, name="side"):
+                self.name = name
+
+            def wait_stream(self, other):
+                log.log.append(f"{self.name} waits for {other.name}")
+
+        @contextlib.contextmanager
+        def on(stream):   # torch.cuda.stream(s): `s` is current inside
+            log.active = stream.name
+            try:
+                yield
+            finally:
+                log.active = "main"
+
+        self.main = Stream(name="main")
+        monkeypatch.setattr(torch.cuda, "Stream", Stream)
+        monkeypatch.setattr(torch.cuda, "stream", on)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: self.main)
+        monkeypatch.setattr(torch.Tensor, "record_stream",
+                            lambda t, s: log.log.append(f"{describe(t)} used on {s.name}"))
+
+    def move(self, batch):
+        """A mover that logs the copy of batch k (its first tensor starts with k)."""
+        self.log.append(f"copy batch {int(batch[0][0])} on {self.active}")
+        return batch

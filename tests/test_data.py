@@ -16,7 +16,7 @@ from nbtrain.data import available_cores, make_batches, make_mover, _resolve_on_
 from nbtrain.data.batches import TensorBatches, epoch_order
 from nbtrain.data.lmdb import LMDBDataset, pack_lmdb
 
-from conftest import quick
+from conftest import FakeStreams, quick
 
 
 def test_batched_fetch_serves_every_sample_once_in_a_seeded_order():
@@ -347,45 +347,9 @@ def test_prefetcher_yields_batches_on_the_device(blobs):
     assert len(batches) == len(source) and all(b[0].is_cuda for b in batches)
 
 
-class StreamLog:
-    """Stands in for torch.cuda's stream calls on a CPU-only build and logs their order."""
-
-    def __init__(self, monkeypatch):
-        self.log, self.active = [], "main"
-        log = self
-
-        class Stream:
-            def __init__(self, device=None, name="side"):
-                self.name = name
-
-            def wait_stream(self, other):
-                log.log.append(f"{self.name} waits for {other.name}")
-
-        class On:   # torch.cuda.stream(s): a context that makes `s` current
-            def __init__(self, stream):
-                self.stream = stream
-
-            def __enter__(self):
-                log.active = self.stream.name
-
-            def __exit__(self, *exc):
-                log.active = "main"
-
-        main = Stream(name="main")
-        monkeypatch.setattr(torch.cuda, "Stream", Stream)
-        monkeypatch.setattr(torch.cuda, "stream", On)
-        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: main)
-        monkeypatch.setattr(torch.Tensor, "record_stream",
-                            lambda t, s: log.log.append(f"batch {int(t[0])} used on {s.name}"))
-
-    def move(self, batch):
-        self.log.append(f"copy batch {int(batch[0][0])} on {self.active}")
-        return batch
-
-
 def test_prefetcher_copies_the_next_batch_on_the_side_stream_before_yielding(monkeypatch):
     from nbtrain.data.prefetch import CudaPrefetcher
-    streams = StreamLog(monkeypatch)
+    streams = FakeStreams(monkeypatch, describe=lambda t: f"batch {int(t[0])}")
     x = torch.arange(4).repeat_interleave(2)          # batch k holds samples [k, k]
     source = TensorBatches((x, x), 2, False, False, 0)
     prefetcher = CudaPrefetcher(source, streams.move, torch.device("cuda"))
@@ -419,7 +383,7 @@ class FailsAt:
 
 def test_prefetcher_raises_a_load_error_at_the_batch_that_failed(monkeypatch):
     from nbtrain.data.prefetch import CudaPrefetcher
-    streams = StreamLog(monkeypatch)
+    streams = FakeStreams(monkeypatch, describe=lambda t: f"batch {int(t[0])}")
     batches = CudaPrefetcher(FailsAt(bad=2), streams.move, torch.device("cuda")).epoch(0)
     assert [int(next(batches)[0]) for _ in range(2)] == [0, 1]   # batch 1 still trains
     with pytest.raises(ValueError, match="batch 2 is corrupt"):

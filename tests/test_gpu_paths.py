@@ -21,40 +21,10 @@ from nbtrain.data.batches import TensorBatches
 from nbtrain.data.prefetch import CudaPrefetcher
 from nbtrain.run import Run
 
-from conftest import mlp, quick
+from conftest import FakeStreams, mlp, quick
 
 
 # -- stand-ins for torch.cuda on a CPU-only build ----------------------------------------------
-class FakeStreams:
-    """torch.cuda's stream calls, logged in order (the prefetcher's view of the GPU)."""
-
-    def __init__(self, monkeypatch):
-        self.log, self.active = [], "main"
-        log = self
-
-        class Stream:
-            def __init__(self, device=None, name="side"):
-                self.name = name
-
-            def wait_stream(self, other):
-                log.log.append(f"{self.name} waits for {other.name}")
-
-        @contextlib.contextmanager
-        def on(stream):   # torch.cuda.stream(s): `s` is current inside
-            log.active = stream.name
-            try:
-                yield
-            finally:
-                log.active = "main"
-
-        self.main = Stream(name="main")
-        monkeypatch.setattr(torch.cuda, "Stream", Stream)
-        monkeypatch.setattr(torch.cuda, "stream", on)
-        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: self.main)
-        monkeypatch.setattr(torch.Tensor, "record_stream",
-                            lambda t, s: log.log.append(f"{t.tolist()} used on {s.name}"))
-
-
 class Gpu:
     """A GPU timeline written out by the test: an event records the time the test set for
     it (`at`), as a real one records when its stream reaches it; the host has its clock."""
