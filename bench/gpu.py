@@ -33,7 +33,6 @@ import re
 import statistics
 import sys
 import time
-import warnings
 from typing import List, NamedTuple, Optional
 
 import torch
@@ -44,6 +43,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import nbtrain as nt
 from nbtrain.data.batches import TensorBatches
 from nbtrain.flops import percent as mfu_percent
+from nbtrain.profiling import host_syncs_per_step
 
 BATCH, SAMPLES = 512, 16_384
 STEPS = 100          # unprofiled run: samples/s over steps 11..STEPS
@@ -412,19 +412,6 @@ def copy_bound() -> None:
 
 # --- host syncs per step --------------------------------------------------------------------
 
-def syncs_during(fn) -> int:
-    """Synchronizing CUDA calls made by `fn()`: torch.cuda.set_sync_debug_mode("warn")
-    warns at each (c10's warn_or_error_on_sync)."""
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            fn()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in caught)
-
-
 SYNC_CASES = [
     ("default (auto: bf16, fused AdamW, prefetch)", dict(data_on_device=False)),
     ("fp16, fused AdamW", dict(amp="fp16", optimizer="adamw", optimizer_impl="fused")),
@@ -438,7 +425,7 @@ def syncs_per_step(x, y, **settings) -> float:
         cfg = nt.TrainConfig(max_steps=steps, batch_size=256, log_every=10, **settings)
         model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 64 * 64, 256), nn.ReLU(), nn.Linear(256, 10))
         return lambda: nt.fit(model, (x.float(), y), F.cross_entropy, config=cfg, progress=False)
-    return (syncs_during(fit(40)) - syncs_during(fit(20))) / 20
+    return host_syncs_per_step(fit)
 
 
 def sync_checks(x, y) -> None:

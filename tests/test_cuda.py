@@ -8,6 +8,7 @@ from torch.nn import functional as F
 import nbtrain as nt
 from nbtrain.config import TrainConfig
 from nbtrain.data import make_batches
+from nbtrain.profiling import host_syncs_per_step
 
 from conftest import mlp, quick
 
@@ -210,26 +211,13 @@ def test_resident_images_are_channels_last_as_they_arrive():
     assert batch[0].is_cuda and batch[0].is_contiguous(memory_format=torch.channels_last)
 
 
-def syncs_during(fn) -> int:
-    """Synchronizing CUDA calls made by `fn()` (torch.cuda.set_sync_debug_mode('warn'))."""
-    import warnings
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            fn()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in caught)
-
-
 def syncs_per_step(blobs, **settings) -> float:
     """Syncs of the steps alone: those of a longer run less those of a shorter one (the
     setup's count and probes are the same in both)."""
     def fit(steps):
         return lambda: nt.fit(mlp(), blobs, F.cross_entropy, progress=False,
                               config=gpu(max_steps=steps, log_every=10, **settings))
-    return (syncs_during(fit(40)) - syncs_during(fit(20))) / 20
+    return host_syncs_per_step(fit)
 
 
 def test_the_default_path_does_not_sync_per_step_and_fp16_unfused_does(blobs):

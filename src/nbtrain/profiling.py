@@ -197,3 +197,26 @@ def _memory_history(path: Optional[str]):
     finally:
         torch.cuda.memory._dump_snapshot(path)
         torch.cuda.memory._record_memory_history(enabled=None)
+
+
+# -- host syncs on CUDA ------------------------------------------------------------------------
+def host_syncs(fn: Callable[[], object]) -> int:
+    """How many CUDA calls in `fn()` made the host wait for the GPU (a `.item()`, a copy to
+    the host, ...): torch.cuda.set_sync_debug_mode("warn") warns at each (c10's
+    warn_or_error_on_sync). CUDA only."""
+    import warnings
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def host_syncs_per_step(train: Callable[[int], Callable[[], object]], short: int = 20,
+                        long: int = 40) -> float:
+    """The host syncs of the steps alone: `train(steps)` gives a call that trains that many
+    steps; a long run's syncs less a short run's (the setup's are alike), per step."""
+    return (host_syncs(train(long)) - host_syncs(train(short))) / (long - short)
