@@ -546,7 +546,7 @@ def test_static_dashboard_renders_its_final_charts_in_jupyterlab(lab, page):
           "nbformat_minor": 5}
     (lab.root / "static.ipynb").write_text(json.dumps(nb))
     _open(page, lab, "static.ipynb")
-    assert page.evaluate(START_RUN_ALL) == "started", "the kernel did not start within 90 s"
+    _start_run_all(page)
     _check_ran_cleanly(page, _wait_run_all(page, 120))
     root = ".jp-Notebook"
     assert "finished" in page.locator(root + " table.nbtrain-runs").inner_text()
@@ -563,6 +563,22 @@ def test_static_dashboard_renders_its_final_charts_in_jupyterlab(lab, page):
     page.screenshot(path=str(SHOTS / "dashboard_static.png"))
 
 
+def _start_run_all(page) -> None:
+    assert page.evaluate(START_RUN_ALL) == "started", "the kernel did not start within 90 s"
+
+
+MAGIC_OUTPUT = "[data-nbtrain-test] .jp-OutputArea"   # the %%fasttrain cell's output
+
+
+def _run_magic_notebook(page, lab, name: str) -> int:
+    """Open notebook `name`, mark its %%fasttrain cell and run all its cells; returns the
+    magic cell's index (its output is MAGIC_OUTPUT)."""
+    _open(page, lab, name)
+    magic_cell = _mark_magic_cell(page)
+    _start_run_all(page)
+    return magic_cell
+
+
 def _mark_magic_cell(page) -> int:
     """Mark the notebook's %%fasttrain cell (`[data-nbtrain-test]`), so its charts and
     output can be found in the page; returns its index."""
@@ -577,10 +593,8 @@ def _mark_magic_cell(page) -> int:
 
 @needs_browser
 def test_fasttrain_panel_magic_draws_live_then_prints_the_summary(lab, page):
-    _open(page, lab, FASTTRAIN_NOTEBOOK.name)
-    magic_cell = _mark_magic_cell(page)
-    root = "[data-nbtrain-test] .jp-OutputArea"
-    assert page.evaluate(START_RUN_ALL) == "started", "the kernel did not start within 90 s"
+    magic_cell = _run_magic_notebook(page, lab, FASTTRAIN_NOTEBOOK.name)
+    root = MAGIC_OUTPUT
 
     live = {}   # the most points seen on the charts while the cell was still running
 
@@ -633,7 +647,7 @@ def test_quickstart_runs_all_cells_in_jupyterlab(lab, page):
 
     _open(page, lab, f"notebooks/{QUICKSTART.name}")
     try:
-        assert page.evaluate(START_RUN_ALL) == "started", "the kernel did not start within 90 s"
+        _start_run_all(page)
         state = _wait_run_all(page, 100)
         assert len(state["cells"]) == code_cells, (len(state["cells"]), code_cells)
         _check_ran_cleanly(page, state)
@@ -643,10 +657,8 @@ def test_quickstart_runs_all_cells_in_jupyterlab(lab, page):
 
 @needs_browser
 def test_an_own_loop_under_fasttrain_draws_live_and_the_stop_button_ends_it(lab, page):
-    _open(page, lab, OWN_LOOP_NOTEBOOK.name)
-    magic_cell = _mark_magic_cell(page)
-    root = "[data-nbtrain-test] .jp-OutputArea"
-    assert page.evaluate(START_RUN_ALL) == "started", "the kernel did not start within 90 s"
+    magic_cell = _run_magic_notebook(page, lab, OWN_LOOP_NOTEBOOK.name)
+    root = MAGIC_OUTPUT
     live, pressed = {}, []
 
     def watch(state: dict) -> None:
