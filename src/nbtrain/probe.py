@@ -176,6 +176,9 @@ WORKER_START_S = 0.3    # about what starting a worker count costs (bench: 0.2-0
 WAITS_FOR_DATA = 0.25   # loading a batch that takes this share of a step: workers may pay
 
 
+OVER_BUDGET = "timing them would cost more than"   # Measured.untimed: a longer run may afford them
+
+
 class TooShort(Exception):
     """Measuring would not pay for itself in this run; the message says why."""
 
@@ -230,8 +233,8 @@ def _affordable(pairs: List[Pair], feed, one_step: float, planned: int) -> Tuple
     if len(threads) > 1 and cost(threads) <= budget:
         if len(threads) == len(pairs):
             return threads, ""
-        return threads, (f"worker counts not timed: timing them would cost more than "
-                         f"{BUDGET_SHARE:.0%} of this run" if waits else
+        return threads, (f"worker counts not timed: {OVER_BUDGET} {BUDGET_SHARE:.0%} of this "
+                         "run" if waits else
                          f"worker counts not timed: loading a batch takes {_ms(load_s)} of a "
                          f"{_ms(one_step)} step, so no worker would pay")
     if not waits and len(threads) < 2:
@@ -355,7 +358,7 @@ def _measured(key: tuple, planned: int, measure_now) -> Tuple[Measured, bool]:
     the load has since changed by more than half the cores (at least 1), or it left the
     worker counts untimed for want of budget and this run is longer (it may afford them)."""
     found = _MEASURED.get(key)
-    outgrown = found is not None and "would cost more" in found.untimed \
+    outgrown = found is not None and OVER_BUDGET in found.untimed \
         and planned > found.planned
     if found is not None and not outgrown and \
             abs(os.getloadavg()[0] - found.load) <= load_change_that_counts():
