@@ -579,6 +579,18 @@ def _run_magic_notebook(page, lab, name: str) -> int:
     return magic_cell
 
 
+def _grow_live(page, state: dict, magic_cell: int, live: dict) -> bool:
+    """While the magic cell still runs: the most points seen on each of its charts, into
+    `live`; whether it still runs."""
+    cell = next(c for c in state["cells"] if c["index"] == magic_cell)
+    if state["runAll"] != "running" or cell["count"] is not None:
+        return False
+    counts = _points(page, root=MAGIC_OUTPUT)
+    for name in CHARTS:
+        live[name] = max(live.get(name, 0), counts.get(name, 0))
+    return True
+
+
 def _mark_magic_cell(page) -> int:
     """Mark the notebook's %%fasttrain cell (`[data-nbtrain-test]`), so its charts and
     output can be found in the page; returns its index."""
@@ -599,11 +611,7 @@ def test_fasttrain_panel_magic_draws_live_then_prints_the_summary(lab, page):
     live = {}   # the most points seen on the charts while the cell was still running
 
     def watch(state: dict) -> None:
-        cell = next(c for c in state["cells"] if c["index"] == magic_cell)
-        if state["runAll"] == "running" and cell["count"] is None:
-            counts = _points(page, root=root)
-            for name in CHARTS:
-                live[name] = max(live.get(name, 0), counts.get(name, 0))
+        _grow_live(page, state, magic_cell, live)
 
     state = _wait_run_all(page, 90, watch)
     _check_ran_cleanly(page, state)
@@ -658,15 +666,10 @@ def test_quickstart_runs_all_cells_in_jupyterlab(lab, page):
 @needs_browser
 def test_an_own_loop_under_fasttrain_draws_live_and_the_stop_button_ends_it(lab, page):
     magic_cell = _run_magic_notebook(page, lab, OWN_LOOP_NOTEBOOK.name)
-    root = MAGIC_OUTPUT
     live, pressed = {}, []
 
     def watch(state: dict) -> None:
-        cell = next(c for c in state["cells"] if c["index"] == magic_cell)
-        if state["runAll"] == "running" and cell["count"] is None:
-            counts = _points(page, root=root)
-            for name in CHARTS:
-                live[name] = max(live.get(name, 0), counts.get(name, 0))
+        if _grow_live(page, state, magic_cell, live):
             if _enough(live) and not pressed:   # the charts grow: press the stop button
                 page.evaluate("() => window.jupyterapp.commands.execute("
                               "'notebook:interrupt-kernel')")
