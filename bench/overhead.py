@@ -9,7 +9,8 @@ Each round trains `--epochs` epochs four ways, interleaved so machine noise hits
 - `nt.fit` with its defaults.
 Reported per case and way: the median seconds per step (the whole call, setup included,
 over its steps) and the median of the per-round ratios (each round's pair measured side
-by side) with their min-max spread. Targets (issue 25): toggles off <= 1.02x the plain
+by side; the order of the ways rotates from round to round, bench/rounds.py) with their
+min-max spread. Targets (issue 25): toggles off <= 1.02x the plain
 loop, defaults <= 1.03x the expert's loop.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import nbtrain as nt
 from nbtrain.flops import machine_line
 from nbtrain.demo import PLAIN, digits_cnn
+from rounds import interleaved, paired   # bench/rounds.py: the order rotates each round
 
 
 def plain_epoch(model, x, y, batch_size, lr) -> int:
@@ -102,26 +104,23 @@ def ways(x, y, epochs: int, batch_size=64, lr=1e-3) -> dict:
 def measure(make_model, x, y, repeats: int, epochs: int) -> dict:
     """{way: [seconds per step, one per round]}, the ways interleaved round by round."""
     todo = ways(x, y, epochs)
-    times = {name: [] for name in todo}
     for way in todo.values():   # warm-up: allocator, kernels, thread pools, "auto"'s cache
         way(make_model())
-    for _ in range(repeats):
-        for name, way in todo.items():
-            torch.manual_seed(0)
-            model = make_model()
-            start = time.perf_counter()
-            steps = way(model)
-            times[name].append((time.perf_counter() - start) / steps)
-    return times
+
+    def measure_one(name) -> float:
+        torch.manual_seed(0)
+        model = make_model()
+        start = time.perf_counter()
+        steps = todo[name](model)
+        return (time.perf_counter() - start) / steps
+    return interleaved(list(todo), repeats, measure_one)
 
 
 def rows(times: dict):
     """(way, median ms/step, baseline name, median paired ratio, min ratio, max ratio)."""
     for name, per_step in times.items():
         base = BASELINE.get(name, "plain loop")
-        ratios = sorted(a / b for a, b in zip(per_step, times[base]))
-        yield (name, statistics.median(per_step) * 1e3, base, statistics.median(ratios),
-               ratios[0], ratios[-1])
+        yield (name, statistics.median(per_step) * 1e3, base, *paired(times, name, base))
 
 
 def main(argv=None):

@@ -9,8 +9,9 @@ as written; inside `nt.watch(optimize=False)` (watched only); inside `nt.watch()
 defaults: bf16 where measured faster, batched fetch for tensors, the fused AdamW). Each
 call is timed whole, the watch's setup included (its probes are cached after the first
 call of a process, as a re-run cell finds them: one warm-up round is not counted).
-Printed: the median ms per step, the spread (min-max over repeats) and the ratio of
-medians to the loop as written, and the watch's diagnosis of the loop. Targets (issue 24):
+Printed: the median ms per step, the median of the per-round ratios to the loop as
+written with their min-max spread (the order of the ways rotates from round to round:
+bench/rounds.py), and the watch's diagnosis of the loop. Targets (issue 24):
 watched only <= 1.03x; the defaults never slower, and <= 0.85x on the CNN where bf16 pays
 (a CPU with avx512_bf16). `--device cuda` (bench/gpu.sh) runs the same loop on the GPU:
 the model there, each batch moved by the loop, the watch timing it with CUDA events, and
@@ -31,6 +32,7 @@ import nbtrain as nt
 from nbtrain.demo import digits_cnn
 from nbtrain.flops import machine_line
 from real_models import Images   # the per-sample Dataset a first custom one is (bench/)
+from rounds import interleaved, paired   # bench/rounds.py: the order rotates each round
 
 
 def the_loop(model, loader, epochs: int, device: str = "cpu") -> int:
@@ -98,12 +100,12 @@ def measure(make_model, make_data, repeats: int, epochs: int, device: str = "cpu
     ways = ways_on(device)
     for way in ways.values():   # warm-up: allocator, kernels, the watch's cached probes
         one_call(make_model, make_data, way, epochs, device)
-    times, diagnoses = {name: [] for name in ways}, {}
-    for _ in range(repeats):
-        for name, way in ways.items():
-            seconds, diagnoses[name] = one_call(make_model, make_data, way, epochs, device)
-            times[name].append(seconds)
-    return times, diagnoses
+    diagnoses = {}
+
+    def measure_one(name) -> float:
+        seconds, diagnoses[name] = one_call(make_model, make_data, ways[name], epochs, device)
+        return seconds
+    return interleaved(list(ways), repeats, measure_one), diagnoses
 
 
 def main(argv=None):
@@ -116,18 +118,17 @@ def main(argv=None):
         parser.error(f"--device {args.device}: this PyTorch sees no CUDA device")
     print(f"{machine_line()}\nmedian of {args.repeats} interleaved whole calls of "
           f"{args.epochs} epochs on {args.device} (batch 64, AdamW, loss.item() every step)\n")
-    print("| case | way | ms/step | spread | vs as written | diagnosis |\n"
+    print("| case | way | ms/step | vs as written | spread | diagnosis |\n"
           "|---|---|---:|---:|---:|---|")
     for label, make_model, make_data in cases():
         times, diagnoses = measure(make_model, make_data, args.repeats, args.epochs, args.device)
-        plain = statistics.median(times["as written"])
         ratios = {}
         for name, values in times.items():
-            median = statistics.median(values)
-            ratios[name] = median / plain
-            print(f"| {label} | {name} | {median * 1e3:.3f} | {min(values) * 1e3:.3f}-"
-                  f"{max(values) * 1e3:.3f} | {median / plain:.2f}x | {diagnoses[name]} |",
-                  flush=True)
+            ratio, low, high = paired(times, name, "as written")
+            ratios[name] = ratio
+            spread = f"{low:.2f}-{high:.2f}" if name != "as written" else ""
+            print(f"| {label} | {name} | {statistics.median(values) * 1e3:.3f} | {ratio:.3f}x | "
+                  f"{spread} | {diagnoses[name]} |", flush=True)
         if args.device != "cpu":
             own_loop_checks(label, ratios)
 

@@ -83,6 +83,26 @@ def test_the_records_hold_the_loops_own_losses_and_samples():
     assert run.summary()["samples"] == 256
 
 
+def test_samples_come_from_the_loaders_batches_and_the_model_keeps_its_fast_path():
+    x, y = data()
+    model = net(dropout=0.0)
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    hooks = []
+
+    def check_and_evaluate(_steps):
+        hooks.append(len(model._forward_pre_hooks) + len(model._forward_hooks))
+        with torch.no_grad():   # an evaluation forward between steps: no training samples
+            model(x[:100])
+    with nt.watch(optimize=False, log_every=4, **QUIET) as run:
+        train(model, opt, loader_of(x, y), epochs=1, every_step=check_and_evaluate)
+    assert hooks == [0] * 8   # no hook: each forward takes nn.Module's fast path
+    assert [r["samples"] for r in run.records("train")] == [4 * 32, 4 * 32]
+    with nt.watch(amp="bf16", log_every=4, **QUIET) as run:   # autocast: the forward is hooked
+        train(model, opt, loader_of(x, y), epochs=1, every_step=check_and_evaluate)
+    assert hooks[8:] == [2] * 8
+    assert [r["samples"] for r in run.records("train")] == [4 * 32, 4 * 32]   # not the 100s
+
+
 # -- what it changes ---------------------------------------------------------------------------
 def test_batched_fetch_gives_the_loaders_own_batches_in_its_order():
     x, y = data(250)   # a last, shorter batch

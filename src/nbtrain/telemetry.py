@@ -298,8 +298,8 @@ class EndedInterval:
         if self.skipped:
             record["skipped_steps"] = self.skipped
         record.update({f"{name}_per_step": n / steps for name, n in self.counts.items()})
-        bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
-        if bad is not None:   # 1-based number of the step that held micro-batch `bad`
+        if len(finite) < len(values):   # 1-based number of the step that held the first bad one
+            bad = next(i for i, v in enumerate(values) if not math.isfinite(v))
             record["first_nonfinite_step"] = self.start_step + bisect.bisect_right(
                 self.micro_ends, bad) + 1
         record.update(self.memory)

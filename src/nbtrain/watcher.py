@@ -9,7 +9,10 @@ watch only:
   (gradient accumulation) and several optimizers stepping on one backward are one step;
 - the loss is the tensor `Tensor.backward` ran on, detached and kept on the device (the
   Interval reads it once per `log_every` steps, as in fit);
-- samples from the batch the model's outermost forward received (module forward hooks);
+- the model is the first module called with trainable parameters; samples are counted
+  from the training DataLoader's batches, or, where the loop iterates none (or autocast
+  or channels_last change the forward), from the batch the model's outermost forward
+  received (module forward hooks);
 - data wait is the time inside the iterator of a DataLoader (`DataLoader.__iter__`);
 - host reads (`.item()`, `.tolist()`, `.cpu()`, `.numpy()` of the step's tensors) are
   counted per step for the diagnosis.
@@ -116,6 +119,7 @@ class Watcher:
         self._model_hooks = []
         self._autocast = []             # the autocast contexts entered in the model's forward
         self._samples = 0               # samples forwarded since the last backward
+        self._loader_counts = False     # they come from the training loader's batches
         self._backwards = 0             # backward() calls since the last step
         self._host_reads = 0
         self._losses = deque(maxlen=8)  # weak references to recent losses (kept graphs)
@@ -235,18 +239,28 @@ class Watcher:
         self.interval.reset(self.run.step)   # the measuring is no step's time
         self.interval.step_starts()
         self._to_channels_last = self.optimize and self.run.config.channels_last is True
+        self._keep(lambda: [h.remove() for h in self._model_hooks])
+        # Where the loop iterates a DataLoader and nothing changes the forward, the samples
+        # come from the loader's batches and the model gets no hook: any hook takes each of
+        # its calls off nn.Module's fast path, the largest part of what a watch adds to a
+        # step (bench/instructions.py).
+        self._loader_counts = self._training_loader is not None and self.amp == "off" \
+            and not self._to_channels_last
+        if self._loader_counts:
+            return
         self._model_hooks = [model.register_forward_pre_hook(self._model_starts, with_kwargs=True)]
         if self.amp != "off":   # the autocast's end: a hook per forward only where there is one
             self._model_hooks.append(model.register_forward_hook(
                 self._model_ends, with_kwargs=True, always_call=True))
-        self._keep(lambda: [h.remove() for h in self._model_hooks])
 
     def _model_starts(self, module, args, kwargs):
         if self._inside:
             return None
-        self._stop_if_asked()
-        self._samples += _samples_in(args, kwargs)
-        self.interval.step_starts()   # the step's compute starts with its first forward
+        if self._at_boundary:
+            self._stop_if_asked()
+        if torch.is_grad_enabled():   # an evaluation forward (no_grad) is no step's
+            self._samples += _samples_in(args, kwargs)
+            self.interval.step_starts()   # the step's compute starts with its first forward
         if self.amp != "off":
             context = torch.autocast(self.device.type, dtype=_DTYPES[self.amp])
             context.__enter__()
@@ -285,7 +299,8 @@ class Watcher:
 
         def backward(tensor, *args, **kwargs):
             if not watcher._inside:
-                watcher._stop_if_asked()
+                if watcher._at_boundary:
+                    watcher._stop_if_asked()
                 watcher._on_backward(tensor)
                 if watcher.scaler is not None:   # fp16: the gradients of the scaled loss
                     watcher._update_scale()
@@ -363,7 +378,7 @@ class Watcher:
     def _before_step(self, optimizer, args, kwargs) -> None:
         if self._inside:
             return
-        if optimizer not in self._optimizers:
+        if optimizer is not self.run.optimizer and optimizer not in self._optimizers:
             self._adopt(optimizer)
         if self._backwards:
             if self.scaler is not None:
@@ -386,11 +401,7 @@ class Watcher:
             param.grad = grad
         if self._inside or not self._backwards:
             return   # another optimizer stepping on the same backward: the same step
-        self._inside = True
-        try:
-            self._end_step()
-        finally:
-            self._inside = False
+        self._end_step()
 
     def _end_step(self) -> None:
         run, interval = self.run, self.interval
@@ -413,7 +424,11 @@ class Watcher:
         interval.count("kept_losses", interval.steps * any(
             (t := ref()) is not None and t.requires_grad for ref in list(self._losses)[:-1]))
         self._host_reads = 0
-        log_interval(self.run, interval, _lr(self.run.optimizer))
+        self._inside = True   # the record's reads of the losses are not the loop's
+        try:
+            log_interval(self.run, interval, _lr(self.run.optimizer))
+        finally:
+            self._inside = False
 
     def _stop_if_asked(self) -> None:
         """End the loop at the step boundary: after a finished step, before the next one
@@ -433,15 +448,17 @@ class Watcher:
 
     def _timed_batches(self, loader, original):
         self._new_epoch(loader)
+        training = self._training_loader() is loader
         batches = iter(self._source(loader, original))
         epoch_start, waited = time.perf_counter(), 0.0
         while True:
-            self._stop_if_asked()
+            if self._at_boundary:
+                self._stop_if_asked()
             start = time.perf_counter()
             try:
                 batch = next(batches)
             except StopIteration:
-                if self._training_loader() is loader:   # a whole epoch: what it waited
+                if training:   # a whole epoch: what it waited
                     self._epoch_wait = waited / max(time.perf_counter() - epoch_start, 1e-9)
                 return
             finally:
@@ -449,6 +466,9 @@ class Watcher:
                 waited += wait
                 if self.interval is not None:
                     self.interval.data_wait_s += wait
+            if training and self._loader_counts:   # the step's work starts with its batch
+                self._samples += _samples_in((batch,), {})
+                self.interval.step_starts()
             yield batch
 
     def _source(self, loader, original):
@@ -551,12 +571,18 @@ class Watcher:
         watcher = self
 
         def wrap(original):
-            def read(tensor, *args, **kwargs):
-                if not watcher._inside and ((grad_counts and tensor.requires_grad)
-                                            or not tensor.is_cpu):
+            if grad_counts:   # item(), tolist(): no arguments; the optimizers call item()
+                def read(tensor):   # on their CPU step counts, so this runs often
+                    if (tensor.requires_grad or not tensor.is_cpu) and not watcher._inside:
+                        watcher._host_reads += 1
+                    return original(tensor)
+                return read
+
+            def read_to(tensor, *args, **kwargs):
+                if not tensor.is_cpu and not watcher._inside:
                     watcher._host_reads += 1
                 return original(tensor, *args, **kwargs)
-            return read
+            return read_to
         return wrap
 
     # -- settings resolved on the model -----------------------------------------------------

@@ -106,9 +106,9 @@ class TensorBatches(EpochPlan):
                             for t in self.tensors)
             return
         order = self.order(epoch).to(self.tensors[0].device)
-        for first, end in self.bounds(start):
-            idx = order[first:end]
-            yield tuple(self._gather(t, idx) for t in self.tensors)
+        # each batch's indices: views made by one split, not a slice per batch
+        for idx in itertools.islice(order.split(self.batch_size), start, len(self)):
+            yield tuple([self._gather(t, idx) for t in self.tensors])
 
     def _gather(self, tensor: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         if not self.pin:
