@@ -104,6 +104,48 @@ def test_samples_come_from_the_loaders_batches_and_the_model_keeps_its_fast_path
 
 
 # -- what it changes ---------------------------------------------------------------------------
+@pytest.mark.parametrize("n", [250, 256])   # a shorter last batch, or none
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("sampling", ["shuffle, own generator", "shuffle, global RNG",
+                                      "in order", "its own sampler"])
+@pytest.mark.parametrize("stop_after", [None, 3, 7])   # the whole epoch, or a loop that breaks
+def test_batched_fetch_gives_the_loaders_batches_and_leaves_its_rng_as_the_loader_would(
+        n, drop_last, sampling, stop_after):
+    x, y = data(n)
+
+    def loader():
+        kwargs = dict(batch_size=32, drop_last=drop_last)
+        if sampling == "its own sampler":   # a sampler torch's shortcut does not know
+            kwargs["sampler"] = list(reversed(range(n)))
+        else:
+            kwargs["shuffle"] = sampling != "in order"
+        if sampling == "shuffle, own generator":
+            kwargs["generator"] = torch.Generator().manual_seed(3)
+        return DataLoader(TensorDataset(x, y), **kwargs)
+
+    def two_epochs(made):
+        batches = []
+        for _ in range(2):
+            for i, batch in enumerate(made):
+                batches.append(batch)
+                if i == stop_after:
+                    break
+        return batches, made.generator.get_state() if made.generator is not None else None
+    torch.manual_seed(11)
+    plain, plain_generator = two_epochs(loader())
+    plain_rng = torch.get_rng_state()
+    torch.manual_seed(11)
+    with nt.watch(**QUIET) as run:
+        watched, watched_generator = two_epochs(loader())
+    assert run.resolved["batched_fetch"][0] is True
+    assert len(watched) == len(plain)
+    for (a, b), (c, d) in zip(plain, watched):
+        assert torch.equal(a, c) and torch.equal(b, d)
+    assert torch.equal(torch.get_rng_state(), plain_rng)
+    if plain_generator is not None:
+        assert torch.equal(watched_generator, plain_generator)
+
+
 def test_batched_fetch_gives_the_loaders_own_batches_in_its_order():
     x, y = data(250)   # a last, shorter batch
     seen = []

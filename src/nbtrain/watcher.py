@@ -33,8 +33,8 @@ from typing import Optional
 import torch
 from torch.optim.optimizer import (register_optimizer_step_post_hook,
                                    register_optimizer_step_pre_hook)
-from torch.utils.data import DataLoader, IterableDataset, TensorDataset
-from torch.utils.data import default_collate
+from torch.utils.data import (BatchSampler, DataLoader, IterableDataset, RandomSampler,
+                              SequentialSampler, TensorDataset, default_collate)
 
 from . import checkpoint as ckpt
 from . import flops
@@ -558,11 +558,10 @@ class Watcher:
         its sampler's order), so the batches and the RNG after them are the loader's own."""
         torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
         tensors = loader.dataset.tensors
-        for indices in loader.batch_sampler:
-            index = torch.as_tensor(indices)
-            batch = [t[index] for t in tensors]
-            yield [b.pin_memory() for b in batch] if loader.pin_memory and \
-                torch.cuda.is_available() else batch
+        pin = loader.pin_memory and torch.cuda.is_available()
+        for index in _batch_indices(loader):
+            batch = [t.index_select(0, index) for t in tensors]   # = t[index], at half its cost
+            yield [b.pin_memory() for b in batch] if pin else batch
 
     # -- host reads ---------------------------------------------------------------------------
     def _counting(self, grad_counts: bool):
@@ -738,6 +737,43 @@ def _served_by_workers(loader, workers: int, cfg) -> DataLoader:
                       timeout=loader.timeout, persistent_workers=True,
                       prefetch_factor=cfg.prefetch_factor,
                       multiprocessing_context=cfg.multiprocessing_context)
+
+
+def _batch_indices(loader):
+    """The index tensor of each batch the loader's batch sampler lists, in its order. For
+    torch's own samplers, the epoch's order made at once and split, drawing from the RNG
+    what they draw and when (torch/utils/data/sampler.py): a Python int per sample and a
+    tensor made of a list per batch would cost more than a small model's step."""
+    sampler, batches = loader.sampler, loader.batch_sampler
+    if type(batches) is BatchSampler and batches.sampler is sampler:
+        n, size, drop_last = len(loader.dataset), batches.batch_size, batches.drop_last
+        if type(sampler) is SequentialSampler:
+            chunks = torch.arange(n).split(size)
+            yield from chunks[:n // size] if drop_last else chunks
+            return
+        if type(sampler) is RandomSampler and not sampler.replacement \
+                and sampler.num_samples == n:
+            yield from _random_sampler_batches(sampler.generator, n, size, drop_last)
+            return
+    for indices in batches:
+        yield torch.as_tensor(indices)
+
+
+def _random_sampler_batches(generator, n: int, size: int, drop_last: bool):
+    """RandomSampler's batches as BatchSampler groups them: a seed from the global RNG
+    where the sampler has no generator, one permutation of the epoch, then a second one,
+    empty, drawn when the batch sampler asks past the first one's end (before a shorter
+    last batch, or after the last full one)."""
+    if generator is None:
+        seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+    chunks = torch.randperm(n, generator=generator).split(size)
+    full = n // size
+    yield from chunks[:full]
+    torch.randperm(n, generator=generator)
+    if len(chunks) > full and not drop_last:
+        yield chunks[full]
 
 
 def _batchable(loader) -> bool:
