@@ -1,7 +1,7 @@
 """What nbtrain adds to a step, counted in instructions, which a shared machine cannot
 blur.
 
-    python bench/instructions.py [--steps 100]
+    python bench/instructions.py [--steps 60] [--case "own loop"]
 
 A ratio of two loops' times on a shared machine drifts by 5-15% from one minute to the
 next (bench/rounds.py), so time alone cannot show whether nbtrain adds 1% or 5% to a
@@ -10,9 +10,11 @@ them under valgrind's callgrind. It needs valgrind, its headers and a C compiler
 (`apt-get install valgrind gcc`). It re-runs itself under callgrind, with counting
 switched on only around each measured call.
 
-Each way runs twice, at 10 and at 10 + `--steps` steps (fresh objects each time). The
-difference gives the instructions per step, without the call's fixed part; that fixed
-part (setup and finish) is printed apart. The ways are compared over the same work:
+Each way runs twice, at 110 and at 110 + `--steps` steps (fresh objects each time). The
+difference gives the instructions per step in the steady state, without the call's fixed
+part; that fixed part (setup, the first 110 steps' extra, finish) is printed apart. Python's garbage
+collector is off during each counted call (a collection would land in one call or the
+other, and the counts drift by millions); its work is not counted. The ways are compared over the same work:
 - your own loop (a per-sample DataLoader, AdamW, loss.item() every step): as written,
   and inside nt.watch(optimize=False);
 - the plain loop against nt.fit with its toggles off (a DataLoader, the for-loop AdamW);
@@ -39,7 +41,9 @@ MARKS_C = r"""
 void start(void) { CALLGRIND_START_INSTRUMENTATION; CALLGRIND_ZERO_STATS; }
 void dump(const char *name) { CALLGRIND_DUMP_STATS_AT(name); }
 """
-SHORT = 10   # steps of the short call: its count is the fixed part plus 10 steps
+# steps of the short call: its count is the fixed part plus these steps; past the first
+# 100 steps of a watch, which counts the loop's host reads only there (watcher.py)
+SHORT = 110
 
 
 # -- the ways, as the time benches write them ----------------------------------------------------
@@ -68,16 +72,16 @@ def ways(steps: int) -> dict:
         torch.manual_seed(0)
         return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
 
-    def own(watched: bool):
+    def own(**watch):
         def make():
             model, (x, y) = mlp(), data()
             loader = DataLoader(TensorDataset(x, y), batch_size=64, shuffle=True,
                                 generator=torch.Generator().manual_seed(1))
-            if not watched:
+            if not watch:
                 return lambda: the_loop(model, loader, 1)
 
             def call():
-                with nt.watch(optimize=False, progress=False):
+                with nt.watch(optimize=False, progress=False, **watch):
                     return the_loop(model, loader, 1)
             return call
         return make
@@ -99,8 +103,10 @@ def ways(steps: int) -> dict:
 
     gen = torch.Generator()
     return {
-        ("your own loop", "as written"): own(False),
-        ("your own loop", "nt.watch(optimize=False)"): own(True),
+        ("your own loop", "as written"): own(),
+        ("your own loop", "nt.watch(optimize=False)"): own(log_every=10),
+        # what the records cost: one every 10 steps (the default), or almost none
+        ("your own loop", "nt.watch(optimize=False, log_every=1000)"): own(log_every=1000),
         ("nt.fit, toggles off", "plain loop"): hand(
             lambda m, x, y: plain_epoch(m, x, y, 64, 1e-3)),
         ("nt.fit, toggles off", "nbtrain"): fitted(**PLAIN),
@@ -114,6 +120,8 @@ def ways(steps: int) -> dict:
 
 def inside(marks_path: str, steps: int, only: str) -> None:
     """Under callgrind: each way at two lengths, each call counted on its own."""
+    import gc
+
     import torch
     torch.set_num_threads(1)   # valgrind runs one thread at a time anyway
     marks = ctypes.CDLL(marks_path)
@@ -122,11 +130,15 @@ def inside(marks_path: str, steps: int, only: str) -> None:
         for (case, way), make in made.items():
             if only not in case:
                 continue
-            make()()   # warm: lazy imports, "auto"'s caches, the allocator
+            if length == SHORT:
+                make()()   # warm: lazy imports, "auto"'s caches, the allocator
             call = make()
+            gc.collect()
+            gc.disable()   # a collection lands in one call or another: the counts would drift
             marks.start()
             call()
             marks.dump(f"{case}|{way}|{length}".encode())
+            gc.enable()
 
 
 # -- outside: compile the marks, run under callgrind, read the counts -----------------------------
@@ -146,7 +158,7 @@ def counts(folder: str) -> dict:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--case", default="", help="only the cases whose name holds this")
     parser.add_argument("--inside", help=argparse.SUPPRESS)   # the marks library, under valgrind
     args = parser.parse_args(argv)

@@ -280,6 +280,22 @@ def test_the_diagnosis_names_a_host_read_every_step_and_kept_losses():
     assert "keeps each step's loss with its graph" in run.summary()["diagnosis"]
 
 
+def test_host_reads_are_counted_over_the_first_steps_then_torchs_methods_are_back():
+    from nbtrain.watcher import READS_COUNTED_FOR
+    x, y = data(2048)
+    model = net()
+    opt = torch.optim.Adam(model.parameters(), 1e-3)   # its own step counts call item() too
+    patched = []
+    with nt.watch(optimize=False, log_every=10, **QUIET) as run:
+        train(model, opt, loader_of(x, y, batch_size=8), epochs=1,   # 256 steps
+              every_step=lambda n: patched.append("item" in torch.Tensor.__dict__))
+    assert patched[:READS_COUNTED_FOR - 1] == [True] * (READS_COUNTED_FOR - 1)
+    assert patched[READS_COUNTED_FOR:] == [False] * (256 - READS_COUNTED_FOR)
+    reads = [r["host_reads_per_step"] for r in run.records("train")]
+    assert reads[1:] == [1.0] * (len(reads) - 1)   # loss.item(), and only that, every step
+    assert run.summary()["host_reads_per_step"] == pytest.approx(1.0, abs=0.01)
+
+
 # -- how it ends: Stop, the loop's error, Ctrl-C -------------------------------------------------
 def test_stop_from_another_thread_ends_the_loop_at_a_step_boundary():
     x, y = data(2048)

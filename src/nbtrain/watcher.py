@@ -62,6 +62,8 @@ NOT_YET = {
     "persistent_workers": "the workers nt.watch starts are kept across epochs already",
 }
 KEPT = "your loop's own"
+READS = ("item", "tolist")   # the host reads counted when the tensor has a graph, too
+READS_COUNTED_FOR = 100   # steps: then the rate counted stands for the rest (_stop_counting_reads)
 
 
 class StopWatching(BaseException):
@@ -122,6 +124,9 @@ class Watcher:
         self._loader_counts = False     # they come from the training loader's batches
         self._backwards = 0             # backward() calls since the last step
         self._host_reads = 0
+        self._read_patches = []         # undo the host-read counters (after READS_COUNTED_FOR)
+        self._reads_counted = []        # (host reads, steps) of each interval so far
+        self._reads_per_step = 0.0      # the rate they counted
         self._losses = deque(maxlen=8)  # weak references to recent losses (kept graphs)
         self._optimizers = weakref.WeakSet()
         self._training_loader = None
@@ -163,10 +168,8 @@ class Watcher:
                                                       always_call=True)]
         self._keep(self._remove_global_forward_hooks)
         self._patch(torch.Tensor, "backward", self._wrap_backward)
-        for name in ("item", "tolist"):
-            self._patch(torch.Tensor, name, self._counting(grad_counts=True))
-        for name in ("cpu", "numpy"):
-            self._patch(torch.Tensor, name, self._counting(grad_counts=False))
+        self._read_patches = [self._patch(torch.Tensor, name, self._counting(name in READS))
+                              for name in (*READS, "cpu", "numpy")]
         self._patch(DataLoader, "__iter__", self._wrap_iter)
         for name in ("clip_grad_norm_", "clip_grad_value_"):   # fp16: the scale, along
             self._patch(torch.nn.utils, name, self._wrap_clip)
@@ -175,14 +178,21 @@ class Watcher:
     def _keep(self, undo) -> None:
         self._undo.append(undo)
 
-    def _patch(self, owner, name: str, make) -> None:
+    def _patch(self, owner, name: str, make):
         """Replace `owner.name` with `make(original)` until remove(); an inherited one (a
         C method of TensorBase) is removed again rather than set, so that lookup finds the
-        very object it found before."""
+        very object it found before. Returns the function that undoes it."""
         own = name in owner.__dict__
         original = owner.__dict__[name] if own else getattr(owner, name)
         setattr(owner, name, make(getattr(owner, name)))
-        self._undo.append(lambda: setattr(owner, name, original) if own else delattr(owner, name))
+        undone = []
+
+        def undo() -> None:   # once: the host-read patches are undone early (_log)
+            if not undone:
+                undone.append(True)
+                setattr(owner, name, original) if own else delattr(owner, name)
+        self._undo.append(undo)
+        return undo
 
     def remove(self) -> None:
         """Undo every hook and patch, last first, whatever else fails."""
@@ -401,9 +411,6 @@ class Watcher:
             param.grad = grad
         if self._inside or not self._backwards:
             return   # another optimizer stepping on the same backward: the same step
-        self._end_step()
-
-    def _end_step(self) -> None:
         run, interval = self.run, self.interval
         run.advance(self._backwards)
         self._backwards = 0
@@ -417,7 +424,14 @@ class Watcher:
         """Close the interval with the loop's counts since the last record (counted here,
         not per step: each call in a step is time the loop waits for)."""
         interval = self.interval
-        interval.count("host_reads", self._host_reads)
+        if self._read_patches:
+            reads = self._host_reads
+            self._reads_counted.append((reads, interval.steps))
+            if self.run.step >= READS_COUNTED_FOR:
+                self._stop_counting_reads()
+        else:
+            reads = self._reads_per_step * interval.steps
+        interval.count("host_reads", reads)
         if self._collates_tensors:   # every sample of the training loader's batches
             interval.count("collated_samples", interval.samples)
         # a loss still alive after its step: the loop keeps it, and with it its graph
@@ -429,6 +443,19 @@ class Watcher:
             log_interval(self.run, interval, _lr(self.run.optimizer))
         finally:
             self._inside = False
+
+    def _stop_counting_reads(self) -> None:
+        """Host reads counted over the first READS_COUNTED_FOR steps: a loop reads in the
+        same places every step, and each counted read is a Python call on the way to one
+        of torch's C methods (the optimizers call item() on their step counts). From here
+        the records carry the rate counted, and the methods are torch's own again."""
+        # from the second interval on: a read after a step falls in the interval after it,
+        # so the first interval is one read short
+        intervals = self._reads_counted[1:] or self._reads_counted
+        self._reads_per_step = sum(r for r, _ in intervals) / max(sum(n for _, n in intervals), 1)
+        for undo in self._read_patches:
+            undo()
+        self._read_patches = []
 
     def _stop_if_asked(self) -> None:
         """End the loop at the step boundary: after a finished step, before the next one
@@ -467,7 +494,9 @@ class Watcher:
                 if self.interval is not None:
                     self.interval.data_wait_s += wait
             if training and self._loader_counts:   # the step's work starts with its batch
-                self._samples += _samples_in((batch,), {})
+                first = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
+                self._samples += first.shape[0] if isinstance(first, torch.Tensor) and \
+                    first.dim() else _samples_in((batch,), {})
                 self.interval.step_starts()
             yield batch
 
