@@ -15,7 +15,7 @@ watch only:
   received (module forward hooks);
 - data wait is the time inside the iterator of a DataLoader (`DataLoader.__iter__`);
 - host reads (`.item()`, `.tolist()`, `.cpu()`, `.numpy()` of the step's tensors) are
-  counted per step for the diagnosis.
+  counted for the diagnosis over the first READS_COUNTED_FOR steps, then that rate stands.
 
 With `optimize=True` it applies the speed settings to the user's objects for the watch
 only: autocast around the model's forward, batched fetch for a DataLoader over a
