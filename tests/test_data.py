@@ -29,6 +29,11 @@ def test_batched_fetch_serves_every_sample_once_in_a_seeded_order():
     assert not torch.equal(epoch0, torch.cat([b[1] for b in source.epoch(1)]))
     resumed = torch.cat([b[1] for b in source.epoch(0, start=2)])   # resume mid-epoch
     assert torch.equal(resumed, epoch0[64:])
+    for size in (100, 1000, 2**63):   # a batch of the whole epoch, however large the size
+        whole = TensorBatches((x,), batch_size=size, shuffle=True, drop_last=False, seed=3)
+        assert [len(b[0]) for b in whole.epoch(0)] == [100]
+        dropped = TensorBatches((x,), batch_size=size, shuffle=True, drop_last=True, seed=3)
+        assert [len(b[0]) for b in dropped.epoch(0)] == ([100] if size == 100 else [])
 
 
 def test_loader_path_resumes_mid_epoch_in_the_same_order():

@@ -104,7 +104,7 @@ def test_samples_come_from_the_loaders_batches_and_the_model_keeps_its_fast_path
 
 
 # -- what it changes ---------------------------------------------------------------------------
-@pytest.mark.parametrize("n", [250, 256])   # a shorter last batch, or none
+@pytest.mark.parametrize("n", [250, 256, 20])   # a shorter last batch, none, all in one
 @pytest.mark.parametrize("drop_last", [False, True])
 @pytest.mark.parametrize("sampling", ["shuffle, own generator", "shuffle, global RNG",
                                       "in order", "its own sampler"])

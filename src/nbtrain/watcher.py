@@ -63,7 +63,7 @@ NOT_YET = {
 }
 KEPT = "your loop's own"
 READS = ("item", "tolist")   # the host reads counted when the tensor has a graph, too
-READS_COUNTED_FOR = 100   # steps: then the rate counted stands for the rest (_stop_counting_reads)
+READS_COUNTED_FOR = 100   # steps; then the rate counted stands (_stop_counting_reads)
 
 
 class StopWatching(BaseException):
@@ -252,8 +252,8 @@ class Watcher:
         self._keep(lambda: [h.remove() for h in self._model_hooks])
         # Where the loop iterates a DataLoader and nothing changes the forward, the samples
         # come from the loader's batches and the model gets no hook: any hook takes each of
-        # its calls off nn.Module's fast path, the largest part of what a watch adds to a
-        # step (bench/instructions.py).
+        # its calls off nn.Module's fast path (a sixth of what a watch added to a step,
+        # bench/instructions.py).
         self._loader_counts = self._training_loader is not None and self.amp == "off" \
             and not self._to_channels_last
         if self._loader_counts:
@@ -777,7 +777,7 @@ def _batch_indices(loader):
     if type(batches) is BatchSampler and batches.sampler is sampler:
         n, size, drop_last = len(loader.dataset), batches.batch_size, batches.drop_last
         if type(sampler) is SequentialSampler:
-            chunks = torch.arange(n).split(size)
+            chunks = torch.arange(n).split(_split_size(size, n))
             yield from chunks[:n // size] if drop_last else chunks
             return
         if type(sampler) is RandomSampler and not sampler.replacement \
@@ -797,12 +797,18 @@ def _random_sampler_batches(generator, n: int, size: int, drop_last: bool):
         seed = int(torch.empty((), dtype=torch.int64).random_().item())
         generator = torch.Generator()
         generator.manual_seed(seed)
-    chunks = torch.randperm(n, generator=generator).split(size)
+    chunks = torch.randperm(n, generator=generator).split(_split_size(size, n))
     full = n // size
     yield from chunks[:full]
     torch.randperm(n, generator=generator)
     if len(chunks) > full and not drop_last:
         yield chunks[full]
+
+
+def _split_size(size: int, n: int) -> int:
+    """A batch size for Tensor.split: one beyond the epoch is the epoch (and one beyond
+    int64, which a batch sampler takes, would overflow)."""
+    return min(size, max(n, 1))
 
 
 def _batchable(loader) -> bool:

@@ -106,8 +106,10 @@ class TensorBatches(EpochPlan):
                             for t in self.tensors)
             return
         order = self.order(epoch).to(self.tensors[0].device)
-        # each batch's indices: views made by one split, not a slice per batch
-        for idx in itertools.islice(order.split(self.batch_size), start, len(self)):
+        # each batch's indices: views made by one split, not a slice per batch (a batch
+        # size beyond the epoch is one batch, and beyond int64 would overflow the split)
+        size = min(self.batch_size, max(len(order), 1))
+        for idx in itertools.islice(order.split(size), start, len(self)):
             yield tuple([self._gather(t, idx) for t in self.tensors])
 
     def _gather(self, tensor: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
