@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 import nbtrain as nt
 from nbtrain.flops import machine_line
 from nbtrain.data import available_cores
+from rounds import interleaved   # bench/rounds.py
 
 BATCH, LR = 64, 1e-3
 
@@ -169,11 +170,7 @@ def measure(case, repeats: int, steps: int) -> dict:
                                                                     threads)
     for way in ways.values():   # warm-up: imports, first allocations, nbtrain's probes
         way()
-    seconds = {w: [] for w in ways}
-    for r in range(repeats):   # interleaved, a different way first each time
-        names = list(ways)[r % len(ways):] + list(ways)[:r % len(ways)]
-        for w in names:
-            seconds[w].append(ways[w]())
+    seconds = interleaved(list(ways), repeats, lambda w: ways[w]())   # rotating which is first
     return {w: [s / steps * 1e3 for s in v] for w, v in seconds.items()}
 
 

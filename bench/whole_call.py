@@ -31,6 +31,7 @@ import nbtrain as nt   # noqa: E402
 from nbtrain.demo import digits_cnn   # noqa: E402
 from nbtrain.flops import machine_line   # noqa: E402
 from real_models import Images, Tokens, bert   # noqa: E402
+from rounds import interleaved, paired   # noqa: E402  (bench/rounds.py)
 
 BATCH, LR = 64, 1e-3
 
@@ -93,12 +94,8 @@ def measure(make_model, make_data, loss_fn, epochs, repeats: int) -> dict:
         ways["HF Trainer"] = trainer
     for way in ways.values():   # warm-up round: imports, allocations, what is on disk
         one(way, make_model, make_data, loss_fn, epochs)
-    seconds = {name: [] for name in ways}
-    for r in range(repeats):
-        names = list(ways)[r % len(ways):] + list(ways)[:r % len(ways)]
-        for name in names:
-            seconds[name].append(one(ways[name], make_model, make_data, loss_fn, epochs))
-    return seconds
+    return interleaved(list(ways), repeats,
+                       lambda name: one(ways[name], make_model, make_data, loss_fn, epochs))
 
 
 def main(argv=None):
@@ -111,9 +108,8 @@ def main(argv=None):
     print("|---|---|---:|---:|---:|")
     for label, make_model, make_data, loss_fn, epochs in cases():
         seconds = measure(make_model, make_data, loss_fn, epochs, args.repeats)
-        base = seconds["plain loop"]
         for name, values in seconds.items():
-            ratio = statistics.median(v / b for v, b in zip(values, base))
+            ratio = paired(seconds, name, "plain loop")[0]
             print(f"| {label} | {name} | {statistics.median(values):.3f} | "
                   f"{min(values):.3f}-{max(values):.3f} | {ratio:.2f}x |", flush=True)
         if loss_fn is None and has_trainer():
