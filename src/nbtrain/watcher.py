@@ -40,7 +40,7 @@ from . import checkpoint as ckpt
 from . import flops
 from .config import SETTINGS, ConfigError, TrainConfig, as_config
 from .data import shippable
-from .data.batches import stop_workers
+from .data.batches import batch_chunks, stop_workers
 from .data.nested import batch_len
 from .devices import available_cores, cpu_bf16_choice, cpu_bf16_feature, gpu_has_bf16
 from .loop import flush_interval, log_interval
@@ -459,8 +459,9 @@ class Watcher:
 
     def _stop_if_asked(self) -> None:
         """End the loop at the step boundary: after a finished step, before the next one
-        has changed anything (its batch may be loaded; its forward has not run)."""
-        if self._at_boundary and self.run.stop_requested:
+        has changed anything (its batch may be loaded; its forward has not run). Called
+        only at a boundary: the callers, which run every step, check `_at_boundary` first."""
+        if self.run.stop_requested:
             raise StopWatching()
 
     # -- the loader: data wait, batched fetch ---------------------------------------------
@@ -494,9 +495,7 @@ class Watcher:
                 if self.interval is not None:
                     self.interval.data_wait_s += wait
             if training and self._loader_counts:   # the step's work starts with its batch
-                first = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
-                self._samples += first.shape[0] if isinstance(first, torch.Tensor) and \
-                    first.dim() else _samples_in((batch,), {})
+                self._samples += _batch_samples(batch)
                 self.interval.step_starts()
             yield batch
 
@@ -721,13 +720,18 @@ def _channels_last_inputs(args, kwargs):
 
 
 def _samples_in(args, kwargs) -> int:
-    first = args[0] if args else None
-    if isinstance(first, (tuple, list)) and first:   # a batch: [inputs, targets]
-        first = first[0]
-    if isinstance(first, torch.Tensor) and first.dim():   # the common case, cheaply
+    """Samples in a forward's arguments (`model(x)`, `model(batch)`, `model(**batch)`)."""
+    return _batch_samples(args if args else dict(kwargs))
+
+
+def _batch_samples(batch) -> int:
+    """Samples in a batch (a loader's, or a forward's arguments): its first element's
+    length when that is a tensor, the common case, cheaply; else batch_len's answer."""
+    first = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
+    if isinstance(first, torch.Tensor) and first.dim():
         return first.shape[0]
     try:
-        return batch_len(args if args else dict(kwargs))
+        return batch_len(batch)
     except Exception:
         return 0
 
@@ -777,7 +781,7 @@ def _batch_indices(loader):
     if type(batches) is BatchSampler and batches.sampler is sampler:
         n, size, drop_last = len(loader.dataset), batches.batch_size, batches.drop_last
         if type(sampler) is SequentialSampler:
-            chunks = torch.arange(n).split(_split_size(size, n))
+            chunks = batch_chunks(torch.arange(n), size)
             yield from chunks[:n // size] if drop_last else chunks
             return
         if type(sampler) is RandomSampler and not sampler.replacement \
@@ -797,18 +801,12 @@ def _random_sampler_batches(generator, n: int, size: int, drop_last: bool):
         seed = int(torch.empty((), dtype=torch.int64).random_().item())
         generator = torch.Generator()
         generator.manual_seed(seed)
-    chunks = torch.randperm(n, generator=generator).split(_split_size(size, n))
+    chunks = batch_chunks(torch.randperm(n, generator=generator), size)
     full = n // size
     yield from chunks[:full]
     torch.randperm(n, generator=generator)
     if len(chunks) > full and not drop_last:
         yield chunks[full]
-
-
-def _split_size(size: int, n: int) -> int:
-    """A batch size for Tensor.split: one beyond the epoch is the epoch (and one beyond
-    int64, which a batch sampler takes, would overflow)."""
-    return min(size, max(n, 1))
 
 
 def _batchable(loader) -> bool:

@@ -15,6 +15,13 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 from .nested import structure
 
 
+def batch_chunks(order: torch.Tensor, batch_size: int) -> tuple:
+    """`order` cut into batches of `batch_size` (the last one may be shorter): views made
+    by one split, not a slice per batch. A batch size beyond the epoch is one batch (and
+    one beyond int64, which a config or a batch sampler takes, would overflow split)."""
+    return order.split(min(batch_size, max(len(order), 1)))
+
+
 def epoch_order(n: int, shuffle: bool, seed: int, epoch: int) -> torch.Tensor:
     """Sample order of one epoch; its own generator leaves the global RNG alone."""
     if not shuffle:
@@ -106,10 +113,7 @@ class TensorBatches(EpochPlan):
                             for t in self.tensors)
             return
         order = self.order(epoch).to(self.tensors[0].device)
-        # each batch's indices: views made by one split, not a slice per batch (a batch
-        # size beyond the epoch is one batch, and beyond int64 would overflow the split)
-        size = min(self.batch_size, max(len(order), 1))
-        for idx in itertools.islice(order.split(size), start, len(self)):
+        for idx in itertools.islice(batch_chunks(order, self.batch_size), start, len(self)):
             yield tuple([self._gather(t, idx) for t in self.tensors])
 
     def _gather(self, tensor: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
