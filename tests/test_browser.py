@@ -19,9 +19,10 @@
   dashboard's throughput, memory and LR charts must fill while the blocking cell still
   runs, and the cell's output must end with the summary table of a finished run.
 - tests/browser/own_loop_dashboard.ipynb runs `%%fasttrain --dashboard` on a cell with a
-  loop of its own: the charts fill while the cell runs; the kernel's interrupt (the
-  notebook's stop button) ends the loop at a step boundary, with no error shown, and the
-  next cell sees an interrupted Run that counted every step the loop made.
+  loop of its own: the charts fill while the cell runs; the dashboard's Stop button, which
+  interrupts the busy kernel through the server's REST API, ends the loop at a step
+  boundary, with no error shown, and the next cell sees an interrupted Run that counted
+  every step the loop made.
 - notebooks/00_quickstart.ipynb (outputs stripped) is run with "Run All Cells": every code
   cell must get an execution count, in order, and no output may be an error, a traceback
   on stderr or a widget that failed to display.
@@ -671,8 +672,7 @@ def test_an_own_loop_under_fasttrain_draws_live_and_the_stop_button_ends_it(lab,
     def watch(state: dict) -> None:
         if _grow_live(page, state, magic_cell, live):
             if _enough(live) and not pressed:   # the charts grow: press the stop button
-                page.evaluate("() => window.jupyterapp.commands.execute("
-                              "'notebook:interrupt-kernel')")
+                page.locator(MAGIC_OUTPUT + " .nbtrain-stop button").click()
                 pressed.append(time.monotonic())
     state = _wait_run_all(page, 120, watch)
     assert pressed, f"the charts did not fill while the loop ran: {live}"
@@ -682,4 +682,5 @@ def test_an_own_loop_under_fasttrain_draws_live_and_the_stop_button_ends_it(lab,
     assert any(re.match(r"state\s+interrupted\n", t) for t in texts), texts
     last = cells[magic_cell + 1]["outputs"][-1]
     assert last.get("text", "").strip() == "interrupted True True", last
+    assert page.locator(MAGIC_OUTPUT + " .nbtrain-stop button").is_disabled()
     page.locator("[data-nbtrain-test]").screenshot(path=str(SHOTS / "own_loop_dashboard.png"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -414,6 +415,71 @@ def test_dashboard_as_the_progress_of_a_blocking_fit(digits):
                  progress=lambda r: shown.append(Dashboard(r)))
     shown[0].reporter.join(5)
     assert shown[0].trace("run 1", "loss").x[-1] == run.step == 20
+
+
+# -- the dashboard's Stop button --------------------------------------------------------------
+def click_stop(button) -> None:
+    """What a click sends when the kernel is free: the comm message the widget's JS sends."""
+    button._handle_msg({"content": {"data": {"method": "custom", "content": {"event": "stop"}}},
+                        "buffers": []})
+
+
+def test_the_stop_button_stops_a_background_run_by_message(digits):
+    run = background_fit(digits, max_steps=LONG)
+    dash = Dashboard(run)
+    wait_until(lambda: dash.stop_button.running, what="the Stop button to be enabled")
+    assert not dash.stop_button.interrupts   # the kernel is free: the click is a message
+    click_stop(dash.stop_button)
+    assert run.wait(10).state == "stopped" and 0 < run.step < LONG
+    dash.reporter.join(5)
+    assert not dash.stop_button.running
+
+
+def test_the_stop_button_interrupts_for_a_run_that_keeps_the_kernel_busy(digits):
+    (x, y), _ = digits
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    with nt.watch(optimize=False, progress=False, log_every=1) as run:
+        dash = Dashboard(run)
+        for i in range(3):
+            opt.zero_grad()
+            F.cross_entropy(model(x[:32]), y[:32]).backward()
+            opt.step()
+        dash.flush()
+        during = dash.stop_button.running, dash.stop_button.interrupts
+    dash.flush()
+    assert during == (True, True)   # the browser interrupts the kernel: no message
+    assert run.state == "finished" and not dash.stop_button.running
+
+
+def test_a_blocking_fit_outside_the_main_thread_is_stopped_by_message(digits):
+    (x, y), _ = digits
+    shown = []
+    thread = threading.Thread(target=lambda: nt.fit(
+        mlp(), (x, y), F.cross_entropy, config=cfg(max_steps=LONG),
+        progress=lambda r: shown.append(Dashboard(r))))
+    thread.start()
+    wait_until(lambda: shown and shown[0].stop_button.running, what="the fit to start")
+    assert not shown[0].stop_button.interrupts   # interrupting the main thread would miss it
+    click_stop(shown[0].stop_button)
+    thread.join(10)
+    assert shown[0].slots[0].run.state == "stopped"
+
+
+def test_the_kernel_id_comes_from_the_connection_file(monkeypatch):
+    from ipykernel import connect
+    from nbtrain.stop_button import kernel_id
+    monkeypatch.setattr(connect, "get_connection_file",
+                        lambda: "/run/jupyter/kernel-1d2c-44ab.json")
+    assert kernel_id() == "1d2c-44ab"
+    monkeypatch.setattr(connect, "get_connection_file", lambda: "/tmp/other.json")
+    assert kernel_id() == ""
+
+
+def test_a_panel_dashboard_has_no_second_stop_button(make_panel):
+    panel = make_panel()
+    assert panel.dashboard.stop_button is None
+    assert Dashboard(show=False).stop_button is not None
 
 
 def test_loss_axis_has_decade_ticks_and_fits_the_data():

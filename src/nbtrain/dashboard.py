@@ -379,14 +379,22 @@ class Dashboard:
     """
 
     def __init__(self, *runs, max_points: int = MAX_POINTS, interval: Optional[float] = None,
-                 height: int = 760, show: bool = True, live: str = "auto"):
+                 height: int = 760, show: bool = True, live: str = "auto",
+                 stop_button: bool = True):
         ipywidgets, _, _ = require_plotly_widgets()
         self.live = _checked_live(live)
         self.max_points = max_points
         self.renderer = PlotlyRenderer(height, widget=self.live == "widget")
         self.table = ipywidgets.HTML(value=_table_html([]))
-        self.widget = ipywidgets.VBox([self.renderer.figure, self.table]) \
-            if self.live == "widget" else None
+        self.stop_button = None
+        self.widget = None
+        if self.live == "widget":
+            parts = [self.renderer.figure, self.table]
+            if stop_button:   # a Panel has its own
+                from .stop_button import StopButton
+                self.stop_button = StopButton(self.stop)
+                parts.insert(0, self.stop_button)
+            self.widget = ipywidgets.VBox(parts)
         self.handles = None   # live="static": the display handles of the figure and the table
         if interval is None:
             interval = INTERVAL_S if self.live == "widget" else STATIC_INTERVAL_S
@@ -449,6 +457,12 @@ class Dashboard:
             slot.planned = (np.concatenate([x[keep], new_x]), np.concatenate([y[keep], new_y]))
             slot.dirty = slot.planned_dirty = True
             self.flush()
+
+    def stop(self) -> None:
+        """Stop every run it shows that is running, at its next step boundary."""
+        for slot in self.slots:
+            if slot.run.running:
+                slot.run.stop()
 
     def flush(self) -> None:
         """Draw everything received so far, now, in this thread."""
@@ -537,6 +551,8 @@ class Dashboard:
             self._update_handles()
         for slot in changed:
             slot.dirty = slot.planned_dirty = False
+        if self.stop_button is not None:
+            self.stop_button.update(s.run for s in self.slots)
         for fn in self._after_draw:
             fn()
 

@@ -204,7 +204,8 @@ class Panel:
         self.groups = build_controls(widgets, self.config)
         self.controls = {c.field: c for group in self.groups.values() for c in group}
         self.dashboard = Dashboard(max_points=max_points, interval=interval, height=height,
-                                   show=False, live="widget")
+                                   show=False, live="widget",
+                                   stop_button=False)   # the Panel's own Stop
         self._build_layout(widgets)
         for control in self.controls.values():   # after the builder wrote the config's values
             control.on_edit(self._on_change_of(control.field))

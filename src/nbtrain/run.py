@@ -51,7 +51,7 @@ class Run:
         self._rng_at_end = None
         self.released = False
         self._subscribers: List[Callable[[dict], None]] = []
-        self._thread: Optional[threading.Thread] = None
+        self._thread: Optional[threading.Thread] = None   # the thread that trains it
         self._done = threading.Event()
 
     # -- control, from any thread ---------------------------------------------------------
@@ -75,6 +75,12 @@ class Run:
     @property
     def running(self) -> bool:
         return self.state == "running"
+
+    @property
+    def training_thread(self) -> Optional[threading.Thread]:
+        """The thread that trains it (a background fit's own, or the caller's); None
+        before it starts."""
+        return self._thread
 
     # -- records ----------------------------------------------------------------------------
     def subscribe(self, fn: Callable[[dict], None]) -> Callable[[dict], None]:
@@ -105,8 +111,8 @@ class Run:
         """Mark the run "running"; with `thread` (a background fit) start it too: "running"
         before it starts, so that a caller polling right after fit returns sees it."""
         self.state = "running"
+        self._thread = thread or threading.current_thread()
         if thread is not None:
-            self._thread = thread
             thread.start()
 
     def enter(self, phase: str) -> None:
