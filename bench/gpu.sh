@@ -16,8 +16,9 @@
 #                  copy-bound case; syncs per step                               150 s
 #   precision_mfu  bench/gpu_mfu.py: AMP bf16/fp16 against TF32 and fp32 for a
 #                  conv net and a transformer block, MFU with the prefetch on    150 s
-#   own_loop       bench/own_loop.py --device cuda: nt.watch on the tutorial loop,
-#                  fp16 with the watch's GradScaler too                          90 s
+#   own_loop       bench/own_loop.py --device cuda: nt.watch on the tutorial loop
+#                  (its batches copied ahead from pinned memory, bf16), fp16
+#                  with the watch's GradScaler too                               90 s
 #   processes      bench/processes.py, only with several GPUs (one GPU each; with
 #                  one it would time the CPU)                                     90 s
 set -uo pipefail

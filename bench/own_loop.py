@@ -77,7 +77,7 @@ def ways_on(device: str) -> dict:
 
 def one_call(make_model, make_data, way, epochs: int, device: str = "cpu") -> tuple:
     """(seconds per step of one whole call: the model, the loader and the loop; the
-    diagnosis of the whole watch, '' unwatched)."""
+    watch's Run, None unwatched)."""
     torch.manual_seed(0)
     model = make_model().to(device)
     loader = DataLoader(make_data(), batch_size=64, shuffle=True,
@@ -91,20 +91,20 @@ def one_call(make_model, make_data, way, epochs: int, device: str = "cpu") -> tu
     if device != "cpu":
         torch.cuda.synchronize()   # the call's queued work is part of it
     seconds = (time.perf_counter() - start) / steps
-    return seconds, run.summary().get("diagnosis", "") if run is not None else ""
+    return seconds, run
 
 
 def measure(make_model, make_data, repeats: int, epochs: int, device: str = "cpu") -> tuple:
-    """(seconds per step of each way over the repeats, each way's last diagnosis)."""
+    """(seconds per step of each way over the repeats, each way's last Run)."""
     ways = ways_on(device)
     for way in ways.values():   # warm-up: allocator, kernels, the watch's cached probes
         one_call(make_model, make_data, way, epochs, device)
-    diagnoses = {}
+    runs = {}
 
     def measure_one(name) -> float:
-        seconds, diagnoses[name] = one_call(make_model, make_data, ways[name], epochs, device)
+        seconds, runs[name] = one_call(make_model, make_data, ways[name], epochs, device)
         return seconds
-    return interleaved(list(ways), repeats, measure_one), diagnoses
+    return interleaved(list(ways), repeats, measure_one), runs
 
 
 def main(argv=None):
@@ -120,19 +120,23 @@ def main(argv=None):
     print("| case | way | ms/step | vs as written | spread | diagnosis |\n"
           "|---|---|---:|---:|---:|---|")
     for label, make_model, make_data in cases():
-        times, diagnoses = measure(make_model, make_data, args.repeats, args.epochs, args.device)
+        times, runs = measure(make_model, make_data, args.repeats, args.epochs, args.device)
         ratios = {}
         for name, values in times.items():
             ratio, low, high = paired(times, name, "as written")
             ratios[name] = ratio
             spread = f"{low:.2f}-{high:.2f}" if name != "as written" else ""
             print(f"| {label} | {name} | {statistics.median(values) * 1e3:.3f} | {ratio:.3f}x | "
-                  f"{spread} | {diagnoses[name]} |", flush=True)
+                  f"{spread} | {diagnosis_of(runs[name])} |", flush=True)
         if args.device != "cpu":
-            own_loop_checks(label, ratios)
+            own_loop_checks(label, ratios, runs["nt.watch() defaults"])
 
 
-def own_loop_checks(label: str, ratios: dict) -> None:
+def diagnosis_of(run) -> str:
+    return run.summary().get("diagnosis", "") if run is not None else ""
+
+
+def own_loop_checks(label: str, ratios: dict, defaults_run) -> None:
     """Issue 24's targets on the GPU, into bench/gpu.sh's table."""
     from gpu import check   # bench/gpu.py, beside this file
     watched, defaults = ratios["nt.watch(optimize=False)"], ratios["nt.watch() defaults"]
@@ -140,6 +144,11 @@ def own_loop_checks(label: str, ratios: dict) -> None:
           watched <= 1.03)
     check(f"own loop on CUDA, {label}: nt.watch() defaults", f"{defaults:.2f}x",
           "<= 1.00x (never slower)", defaults <= 1.0)
+    # the loop moves its whole batch (.to(device)): the watch copies it ahead, pinned
+    resolved = defaults_run.resolved
+    ahead, pinned = resolved["prefetch_to_device"][0], resolved["pin_memory"][0]
+    check(f"own loop on CUDA, {label}: copies ahead, pinned", f"{ahead}, {pinned}",
+          "True, True", ahead is True and pinned is True)
 
 
 if __name__ == "__main__":

@@ -264,3 +264,63 @@ def test_the_watch_times_a_loop_on_the_gpu_with_one_event_at_each_steps_start():
     assert run.step == 20 and len(records) == 4
     assert all(r["compute_s"] > 0 and r["copy_s"] == 0 for r in records)
     assert records[-1]["host_reads_per_step"] >= 0.8
+
+
+# -- nt.watch on CUDA: your loop's copies of its batch, learned over step 1 -----------------
+def moving_loop(model, opt, loader, seen, keep_targets_on_cpu=False):
+    """The tutorial loop with its own .to(device); notes each batch as the loop gets it and
+    whether its .to returned the very tensor (already on the GPU)."""
+    for xb, yb in loader:
+        given = xb
+        xb = xb.to("cuda", non_blocking=True)
+        yb = yb if keep_targets_on_cpu else yb.to("cuda", non_blocking=True)
+        seen.append((given.device.type, given.is_pinned() if given.device.type == "cpu" else None,
+                     xb is given))
+        opt.zero_grad()
+        loss = F.cross_entropy(model(xb), yb.to("cuda"))
+        loss.backward()
+        opt.step()
+
+
+def cuda_loop_parts(seed=0):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), 1e-2, foreach=True)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(256, 8, generator=g), torch.randint(0, 3, (256,), generator=g)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32,
+                                         shuffle=True, generator=torch.Generator().manual_seed(2))
+    return model, opt, loader
+
+
+def test_the_watch_copies_a_loop_s_batches_ahead_where_it_moves_them_whole():
+    originals = (torch.Tensor.to, torch.Tensor.cuda)
+    model, opt, loader = cuda_loop_parts()
+    seen = []
+    with nt.watch(progress=False, amp="off", optimizer_impl="foreach", count_flops=False) as run:
+        for _ in range(2):
+            moving_loop(model, opt, loader, seen)
+    assert run.resolved["prefetch_to_device"][0] is True, run.resolved["prefetch_to_device"]
+    assert run.resolved["pin_memory"][0] is True
+    # step 1 and 2 as the loader gives them (learned, then decided); from step 3 on the GPU,
+    # the loop's own .to returning the tensor it was given
+    assert seen[0][0] == "cpu" and seen[1] == ("cpu", True, False)
+    assert all(s == ("cuda", None, True) for s in seen[2:]), seen
+    assert (torch.Tensor.to, torch.Tensor.cuda) == originals
+    # the same batches, the same numbers: the weights of the loop unwatched
+    plain, plain_opt, plain_loader = cuda_loop_parts()
+    for _ in range(2):
+        moving_loop(plain, plain_opt, plain_loader, [])
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), plain.parameters()))
+
+
+def test_a_loop_that_keeps_a_tensor_on_the_cpu_gets_its_batches_as_before():
+    model, opt, loader = cuda_loop_parts()
+    seen = []
+    with nt.watch(progress=False, count_flops=False) as run:
+        moving_loop(model, opt, loader, seen, keep_targets_on_cpu=True)
+    ahead, why = run.resolved["prefetch_to_device"]
+    assert ahead is False and "keeps 1 of its batch's 2 tensors on the CPU" in why, why
+    # the batched fetch writes into pinned memory: the loop's copy of xb can be asynchronous
+    assert run.resolved["pin_memory"][0] is True
+    assert all(s[0] == "cpu" for s in seen) and all(s[1] for s in seen[2:]), seen

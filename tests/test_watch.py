@@ -11,6 +11,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import nbtrain as nt
+from nbtrain.data.moves import MoveLog, resolve_copies
 from nbtrain.config import ConfigError
 from nbtrain.watcher import Watcher
 
@@ -359,7 +360,7 @@ def test_ctrl_c_interrupts_at_the_step_boundary_and_restores_the_handler():
 
 # -- left as found --------------------------------------------------------------------------------
 ORIGINALS = {name: getattr(torch.Tensor, name) for name in ("backward", "item", "tolist", "cpu",
-                                                             "numpy")}
+                                                             "numpy", "to", "cuda")}
 ITER = DataLoader.__iter__
 
 
@@ -469,13 +470,76 @@ def test_a_loop_that_waits_for_its_per_sample_data_gets_workers_from_its_second_
     assert_left_as_found()
 
 
-def test_a_setting_the_watch_does_not_apply_yet_is_refused_not_ignored():
-    for name, value in (("pin_memory", True), ("prefetch_to_device", True),
-                        ("persistent_workers", True)):
-        with pytest.raises(ConfigError, match=f"TrainConfig.{name} is not applied to a loop of your own yet"):
-            nt.watch(**{name: value})
+def test_a_setting_the_watch_does_not_apply_is_refused_not_ignored():
+    with pytest.raises(ConfigError, match="TrainConfig.persistent_workers is not applied to a "
+                                          "loop of your own"):
+        nt.watch(persistent_workers=True)
     with pytest.raises(ConfigError, match="on_nan='skip' would skip your loop's update"):
         nt.watch(on_nan="skip")
+
+
+def test_copies_to_the_gpu_resolve_off_on_the_cpu_with_the_reason():
+    x, y = data()
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    with nt.watch(pin_memory=True, prefetch_to_device=True, **QUIET) as run:
+        train(model, opt, loader_of(x, y), epochs=1)
+    assert run.resolved["pin_memory"] == (False, "your loop's own")
+    ahead, why = run.resolved["prefetch_to_device"]
+    assert ahead is False and "no CUDA device" in why, why
+
+
+def test_the_loops_moves_decide_what_is_copied_ahead():
+    cuda0, cuda1 = torch.device("cuda", 0), torch.device("cuda", 1)   # no GPU needed
+    xb, yb = torch.zeros(4, 3), torch.zeros(4, dtype=torch.long)
+
+    def log_of(*moves):
+        log = MoveLog([xb, yb])
+        log.moved = dict(moves)
+        return log
+
+    whole = log_of((0, cuda0), (1, cuda0))
+    (pin, _), (ahead, why) = resolve_copies("auto", "auto", whole, False, False)
+    assert pin and ahead and "to cuda:0" in why
+    (pin, why_pin), (ahead, why) = resolve_copies("auto", "auto", log_of((0, cuda0)), False, True)
+    assert not ahead and "keeps 1 of its batch's 2 tensors on the CPU" in why
+    assert pin and "batched fetch writes each batch into pinned memory" in why_pin
+    (pin, why_pin), (ahead, why) = resolve_copies("auto", True, log_of((0, cuda0), (1, cuda1)),
+                                                  False, False)
+    assert (pin, ahead) == (False, False) and why.startswith("not possible: ") and "several" in why
+    (pin, why_pin), (ahead, why) = resolve_copies("auto", "auto", log_of(), False, True)
+    assert (pin, ahead) == (False, False) and "copied none" in why_pin
+    assert resolve_copies(False, "auto", whole, False, False)[0] == (False, "asked for")
+    assert resolve_copies("auto", False, whole, True, False) == (
+        (True, "your loop's own (DataLoader(pin_memory=True))"), (False, "asked for"))
+    used = log_of((0, cuda0), (1, cuda0))
+    used.used = {1}   # a metric against the CPU labels: yb must stay where the loop had it
+    (pin, _), (ahead, why) = resolve_copies("auto", "auto", used, False, False)
+    assert (pin, ahead) == (False, False) and "uses 1 of its batch's 2 tensors on the CPU" in why
+
+
+def test_the_move_log_sees_the_loops_uses_of_its_batch_and_leaves_only_itself():
+    from torch.overrides import TorchFunctionMode
+    from nbtrain.watcher import _remove_function_mode
+    xb, yb = torch.zeros(4, 3), torch.zeros(4, dtype=torch.long)
+    log = MoveLog([xb, yb])
+    with log:
+        xb.shape, len(xb), xb.size(0), xb.dim()   # metadata only: the same on a GPU
+        assert log.moved == {} and log.used == set()
+        (yb == 1).sum()                           # the loop uses yb on the CPU
+        torch.cat([torch.ones(1, 3), xb])         # and xb, inside a list
+    assert log.used == {0, 1} and log.moved == {}
+    with MoveLog([xb]) as other_device:
+        xb.to("meta")                             # a copy, but to no GPU: a use
+    assert other_device.used == {0} and other_device.target() is None
+    stack = torch._C._len_torch_function_stack
+    other = TorchFunctionMode()
+    log.__enter__()
+    other.__enter__()   # a mode the loop enters during step 1 and keeps
+    _remove_function_mode(log)
+    assert stack() == 1 and torch._C._get_function_stack_at(0) is other
+    other.__exit__(None, None, None)
+    assert stack() == 0
 
 
 def test_num_threads_applies_for_the_watch_only():
@@ -614,4 +678,56 @@ def test_channels_last_lays_out_the_weights_and_inputs_in_nhwc_for_the_watch_onl
         p.is_contiguous() for p in watched.parameters())   # laid out as before, same objects
     for a, b in zip(reference.parameters(), watched.parameters()):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+    assert_left_as_found()
+
+
+def test_the_copy_ahead_path_runs_one_batch_ahead_with_cudas_calls_stood_in_for(monkeypatch):
+    """The CUDA-only wiring (a MoveLog over step 1, then copies one batch ahead) on the
+    CPU: torch.cuda's stream calls and pinning are stood in for, and the verdict is the
+    one a loop that moves its batch whole gets; tests/test_cuda.py runs it for real."""
+    import contextlib
+    from nbtrain import watcher as watcher_module
+    from nbtrain.data import prefetch
+    fetched, moved = [], []
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: Stream())
+    monkeypatch.setattr(prefetch, "_record_stream", lambda batch, stream: None)
+    monkeypatch.setattr(MoveLog, "target", lambda self: torch.device("cpu"))
+
+    def rows(tensor, index):
+        fetched.append(len(fetched))
+        return tensor.index_select(0, index)
+    monkeypatch.setattr(watcher_module, "pinned_rows", rows)
+
+    def mover(device):
+        def move(batch):
+            moved.append(len(fetched))
+            return [t.clone() for t in batch]
+        return move
+    monkeypatch.setattr(watcher_module, "ahead_mover", mover)
+
+    x, y = data()
+    model, plain = net(), net()
+    opt, plain_opt = (torch.optim.AdamW(m.parameters(), 1e-3) for m in (model, plain))
+    seen = []
+    torch.manual_seed(5)   # the dropout masks
+    with nt.watch(amp="off", optimizer_impl="for-loop", **QUIET) as run:
+        train(model, opt, loader_of(x, y), epochs=2, every_step=lambda n: seen.append(
+            (n, len(fetched) // 2)))
+    torch.manual_seed(5)
+    losses = train(plain, plain_opt, loader_of(x, y), epochs=2)
+    assert run.resolved["prefetch_to_device"][0] is True and run.resolved["pin_memory"][0]
+    assert same_weights(model, plain) and run.step == len(losses) == 16
+    # pinned rows from batch 3 on (2 tensors each), each copied before the one before it
+    # reaches the loop: at step 3 batch 4 is fetched already
+    assert seen[2] == (3, 2) and seen[7] == (8, 6)
+    assert len(moved) == 6 + 8   # epoch 1: batches 3-8; epoch 2: all 8, from its start
+    assert torch._C._len_torch_function_stack() == 0
     assert_left_as_found()

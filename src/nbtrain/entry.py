@@ -91,12 +91,13 @@ class watch:
     >>> print(run.summary_text())
 
     `settings`: the TrainConfig fields that apply to someone else's loop (watcher.py's
-    OWN_LOOP_FIELDS: amp, batched_fetch, optimizer_impl, log_every, count_flops, ...);
-    one the loop decides (epochs, lr, optimizer, ...) is a ConfigError. `optimize=False`
-    only watches: the loop runs exactly as written. `progress` as in fit. `run.stop()`,
-    the notebook's stop button or Ctrl-C end the loop at the next step boundary without
-    an error; an exception of the loop comes out unchanged, the Run marked failed. Every
-    hook and patch is undone on the way out.
+    OWN_LOOP_FIELDS: amp, batched_fetch, pin_memory, prefetch_to_device, optimizer_impl,
+    log_every, count_flops, ...); one the loop decides (epochs, lr, optimizer, ...) is a
+    ConfigError. `optimize=False` only watches: the loop runs exactly as written.
+    `progress` as in fit. `run.stop()`, the Dashboard's Stop button, the notebook's
+    interrupt or Ctrl-C end the loop at the next step boundary without an error; an
+    exception of the loop comes out unchanged, the Run marked failed. Every hook and
+    patch is undone on the way out.
     """
 
     def __init__(self, config: Optional[TrainConfig] = None, *, optimize: bool = True,

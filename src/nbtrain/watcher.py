@@ -19,7 +19,8 @@ watch only:
 
 With `optimize=True` it applies the speed settings to the user's objects for the watch
 only: autocast around the model's forward, batched fetch for a DataLoader over a
-TensorDataset, the fused optimizer kernel. `Watcher.remove` undoes every hook and patch;
+TensorDataset, the fused optimizer kernel, and on CUDA the loop's batches copied ahead
+from pinned memory where its first step moved them whole (data/moves.py). `Watcher.remove` undoes every hook and patch;
 the Run ends through `Watcher.finish`.
 """
 from __future__ import annotations
@@ -41,6 +42,8 @@ from . import flops
 from .config import SETTINGS, ConfigError, TrainConfig, as_config
 from .data import shippable
 from .data.batches import batch_chunks, stop_workers
+from .data.moves import MoveLog, ahead_mover, pinned_rows, resolve_copies
+from .data.prefetch import copied_ahead
 from .data.nested import batch_len
 from .devices import available_cores, cpu_bf16_choice, cpu_bf16_feature, gpu_has_bf16
 from .loop import flush_interval, log_interval
@@ -51,14 +54,11 @@ from .telemetry import Interval
 
 # The TrainConfig fields a watch can apply to someone else's loop; the rest (epochs,
 # batch_size, optimizer, lr, scheduler, ...) the loop itself decides.
-OWN_LOOP_FIELDS = ("amp", "batched_fetch", "num_workers", "num_threads", "optimizer_impl",
-                   "channels_last", "log_every", "count_flops", "telemetry", "history_limit",
-                   "on_nan")
-# Settings a watch does not apply yet: asked for, they are refused rather than ignored.
+OWN_LOOP_FIELDS = ("amp", "batched_fetch", "pin_memory", "prefetch_to_device", "num_workers",
+                   "num_threads", "optimizer_impl", "channels_last", "log_every", "count_flops",
+                   "telemetry", "history_limit", "on_nan")
+# Settings a watch does not apply: asked for, they are refused rather than ignored.
 NOT_YET = {
-    "pin_memory": "pinned copies need your loop's .to(device, non_blocking=True): "
-                  "DataLoader(..., pin_memory=True) in your code",
-    "prefetch_to_device": "the copy is in your loop's code (.to(device))",
     "persistent_workers": "the workers nt.watch starts are kept across epochs already",
 }
 KEPT = "your loop's own"
@@ -134,6 +134,10 @@ class Watcher:
         self._collates_tensors = False  # the loop's DataLoader collates tensors sample by sample
         self._epoch_wait = None         # the share of the last whole epoch spent waiting for data
         self._chosen_workers = None
+        self._copies_pending = False    # CUDA: the loop's copies of its batch are being learned
+        self._moves = None              # the first batch's MoveLog, until the next batch
+        self._ahead = None              # (move, stream, device): batches copied ahead
+        self._pin = False               # the batched fetch writes into pinned memory
         self._shadows = weakref.WeakKeyDictionary()           # your loader -> one with workers
         self._shadow_iterators = weakref.WeakKeyDictionary()  # your loader -> that one's iterator
         self._started = time.perf_counter()
@@ -174,6 +178,9 @@ class Watcher:
         for name in ("clip_grad_norm_", "clip_grad_value_"):   # fp16: the scale, along
             self._patch(torch.nn.utils, name, self._wrap_clip)
         self._keep(self._stop_shadow_workers)   # undone first: before torch's iterator is back
+        cfg = self.run.config
+        self._copies_pending = self.optimize and torch.cuda.is_available() and not (
+            cfg.pin_memory is False and cfg.prefetch_to_device is False)
 
     def _keep(self, undo) -> None:
         self._undo.append(undo)
@@ -478,6 +485,8 @@ class Watcher:
         self._new_epoch(loader)
         training = self._training_loader() is loader
         batches = iter(self._source(loader, original))
+        if training and self._ahead is not None:
+            batches = self._copied_ahead(batches)
         epoch_start, waited = time.perf_counter(), 0.0
         while True:
             if self._at_boundary:
@@ -494,9 +503,12 @@ class Watcher:
                 waited += wait
                 if self.interval is not None:
                     self.interval.data_wait_s += wait
-            if training and self._loader_counts:   # the step's work starts with its batch
-                self._samples += _batch_samples(batch)
-                self.interval.step_starts()
+            if training:
+                if self._loader_counts:   # the step's work starts with its batch
+                    self._samples += _batch_samples(batch)
+                    self.interval.step_starts()
+                if self._copies_pending:
+                    batches = self._follow_copies(batch, batches)
             yield batch
 
     def _source(self, loader, original):
@@ -509,7 +521,8 @@ class Watcher:
             return original(loader)
         shadow = self._shadows.get(loader)
         if shadow is None or shadow.num_workers != workers:
-            shadow = self._shadows[loader] = _served_by_workers(loader, workers, self.run.config)
+            shadow = self._shadows[loader] = _served_by_workers(
+                loader, workers, self.run.config, pin=loader.pin_memory or self._ahead is not None)
         elif loader in self._shadow_iterators:
             # kept workers reset their iterator without its base-seed draw: draw it as the
             # loader's own new iterator would, so the sampler's order stays the loader's
@@ -562,6 +575,7 @@ class Watcher:
         resolved, cfg = self.run.resolved, self.run.config
         resolved.setdefault("num_workers", (loader.num_workers, KEPT))
         resolved.setdefault("pin_memory", (loader.pin_memory, KEPT))
+        resolved.setdefault("prefetch_to_device", (False, self._why_no_copies_ahead()))
         why_not = _why_not_batchable(loader)
         possible = not why_not
         if cfg.batched_fetch is True and not possible:
@@ -576,6 +590,16 @@ class Watcher:
                                           and cfg.batched_fetch is not False), why)
         self._collates_tensors = possible and not resolved["batched_fetch"][0]
 
+    def _why_no_copies_ahead(self) -> str:
+        """Until step 1 shows what the loop copies (_follow_copies), or for good."""
+        if self._copies_pending:
+            return "decided after your loop's first step, on what it copies to the GPU"
+        if not self.optimize:
+            return "off: optimize=False"
+        if self.run.config.prefetch_to_device is False:
+            return "off: asked for"
+        return "no CUDA device: your loop's batches need no copy to a GPU"
+
     def _batched(self, loader) -> bool:
         return self._training_loader() is loader and self.run.resolved["batched_fetch"][0]
 
@@ -588,8 +612,48 @@ class Watcher:
         tensors = loader.dataset.tensors
         pin = loader.pin_memory and torch.cuda.is_available()
         for index in _batch_indices(loader):
-            batch = [t.index_select(0, index) for t in tensors]   # = t[index], at half its cost
-            yield [b.pin_memory() for b in batch] if pin else batch
+            if pin or self._pin:
+                yield [pinned_rows(t, index) for t in tensors]
+            else:
+                yield [t.index_select(0, index) for t in tensors]   # = t[index], at half its cost
+
+    # -- CUDA: your loop's copies of its batch, learned over step 1, then made ahead ----------
+    def _follow_copies(self, batch, batches):
+        """At the training loader's first batch: note what the loop does with it until the
+        next one (a MoveLog). At the next: resolve pin_memory and prefetch_to_device on
+        what it did, and from the batch after it copy ahead where the loop moved its batch
+        whole. Returns the batches to go on with."""
+        if self._moves is None:
+            self._moves = MoveLog(batch)
+            self._moves.__enter__()
+            self._keep(self._end_move_log)
+            return batches
+        log = self._moves
+        self._end_move_log()
+        self._copies_pending = False
+        loader, cfg, resolved = self._training_loader(), self.run.config, self.run.resolved
+        (pin, why_pin), (ahead, why_ahead) = resolve_copies(
+            cfg.pin_memory, cfg.prefetch_to_device, log, loader.pin_memory,
+            resolved["batched_fetch"][0])
+        resolved["pin_memory"], resolved["prefetch_to_device"] = (pin, why_pin), (ahead, why_ahead)
+        self._pin = pin
+        if not ahead:
+            return batches
+        device = log.target()
+        self._ahead = (ahead_mover(device), torch.cuda.Stream(device), device)
+        return self._copied_ahead(batches)
+
+    def _end_move_log(self) -> None:
+        """Take the MoveLog's torch function mode off the stack (once), and only it: a mode
+        the loop entered since stays, where `__exit__` would pop that one instead."""
+        log, self._moves = self._moves, None
+        if log is not None:
+            _remove_function_mode(log)
+
+    def _copied_ahead(self, batches):
+        move, stream, device = self._ahead
+        markers = {} if self.interval is None else {"markers": self.interval}   # times the waits
+        return copied_ahead(batches, move, stream, device, **markers)
 
     # -- host reads ---------------------------------------------------------------------------
     def _counting(self, grad_counts: bool):
@@ -644,6 +708,9 @@ class Watcher:
                 else "stopped"
         else:
             state = "failed" if error is not None else "finished"
+        if self._copies_pending and self._training_loader is not None:
+            run.resolved["prefetch_to_device"] = (False, "your loop took no second batch from "
+                                                         "its loader: nothing to copy ahead")
         if interval is not None:
             with contextlib.suppress(Exception):   # the user's error is the one to report
                 interval.drop_unfinished_step()
@@ -736,6 +803,19 @@ def _batch_samples(batch) -> int:
         return 0
 
 
+def _remove_function_mode(mode) -> None:
+    """Take `mode` off torch's function mode stack, the modes above it put back as they were
+    (torch.overrides' _push_mode / _pop_mode are these calls)."""
+    above = []
+    while torch._C._len_torch_function_stack():
+        top = torch._C._pop_torch_function_stack()
+        if top is mode:
+            break
+        above.append(top)
+    for other in reversed(above):
+        torch._C._push_on_torch_function_stack(other)
+
+
 def _tensors(args, kwargs):
     return [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
 
@@ -759,13 +839,13 @@ def _as_float32(output):
 WAITS_FOR_DATA = 0.25   # a quarter of an epoch waiting for data: worker processes may pay
 
 
-def _served_by_workers(loader, workers: int, cfg) -> DataLoader:
+def _served_by_workers(loader, workers: int, cfg, pin: bool) -> DataLoader:
     """A DataLoader that loads `loader`'s batches with `workers` processes: its batch
-    sampler (so the same batches in the same order), generator, collate, pinning and
-    worker init; workers kept across epochs."""
+    sampler (so the same batches in the same order), generator, collate and worker init;
+    pinned (in its pin thread) where `pin`; workers kept across epochs."""
     dataset = shippable(loader.dataset, cfg.multiprocessing_context)
     return DataLoader(dataset, batch_sampler=loader.batch_sampler, num_workers=workers,
-                      collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
+                      collate_fn=loader.collate_fn, pin_memory=pin,
                       generator=loader.generator, worker_init_fn=loader.worker_init_fn,
                       timeout=loader.timeout, persistent_workers=True,
                       prefetch_factor=cfg.prefetch_factor,

@@ -44,37 +44,42 @@ class CudaPrefetcher:
     def __len__(self) -> int:
         return len(self.source)
 
-    def _copy_ahead(self, batches: Iterator):
+    def epoch(self, epoch: int, start: int = 0) -> Iterator:
+        yield from copied_ahead(iter(self.source.epoch(epoch, start)), self.move, self.stream,
+                                self.device, self.markers)
+
+
+def copied_ahead(batches: Iterator, move: Callable, stream, device: torch.device,
+                 markers=_Unmarked()) -> Iterator:
+    """`batches` moved by `move` on the side `stream`, one batch ahead of the one yielded:
+    batch k+1's copy is queued before batch k is handed out, and the compute stream
+    waits for a copy on the GPU (the host does not block). fit's CudaPrefetcher and
+    nt.watch's copies of your loader's batches both come through here."""
+    def copy_ahead():
         batch = next(batches, None)
         if batch is None:
             return None
-        with torch.cuda.stream(self.stream):
-            return self.move(batch)
+        with torch.cuda.stream(stream):
+            return move(batch)
 
-    def _arrive(self, batch, current) -> None:
-        """Make `current` (the compute stream) wait on the GPU for the side stream's copy
-        of `batch`, timed by the markers; the host does not block."""
-        self.markers.wait_started()
-        current.wait_stream(self.stream)
-        self.markers.wait_done()
+    ahead = copy_ahead()
+    while ahead is not None:
+        batch = ahead
+        # before batch k+1 is queued on the side stream: a wait queued after it would
+        # wait for that copy too (wait_stream waits for all the stream's work so far)
+        current = torch.cuda.current_stream(device)
+        markers.wait_started()
+        current.wait_stream(stream)
+        markers.wait_done()
         _record_stream(batch, current)
-
-    def epoch(self, epoch: int, start: int = 0) -> Iterator:
-        batches = iter(self.source.epoch(epoch, start))
-        ahead = self._copy_ahead(batches)
-        while ahead is not None:
-            batch = ahead
-            # before batch k+1 is queued on the side stream: a wait queued after it would
-            # wait for that copy too (wait_stream waits for all the stream's work so far)
-            self._arrive(batch, torch.cuda.current_stream(self.device))
-            try:
-                ahead = self._copy_ahead(batches)
-            except Exception:
-                # batch k+1 failed to load: batch k still trains, and the error surfaces
-                # when the loop asks for k+1, so it names the batch that failed
-                yield batch
-                raise
+        try:
+            ahead = copy_ahead()
+        except Exception:
+            # batch k+1 failed to load: batch k still trains, and the error surfaces
+            # when the loop asks for k+1, so it names the batch that failed
             yield batch
+            raise
+        yield batch
 
 
 def mark_waits(batches, markers) -> None:
