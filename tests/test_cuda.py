@@ -324,3 +324,24 @@ def test_a_loop_that_keeps_a_tensor_on_the_cpu_gets_its_batches_as_before():
     # the batched fetch writes into pinned memory: the loop's copy of xb can be asynchronous
     assert run.resolved["pin_memory"][0] is True
     assert all(s[0] == "cpu" for s in seen) and all(s[1] for s in seen[2:]), seen
+
+
+def test_the_watchs_fp16_with_a_fused_optimizer_does_not_sync_per_step_and_unfused_does():
+    """nt.watch(amp='fp16'): the fused AdamW takes the scale and the inf flag in its kernel
+    (no found_inf.item()); a foreach one reads the inf check back every step."""
+    def watched(impl):
+        def train(steps):
+            def call():
+                model, opt, loader = cuda_loop_parts()
+                batches = [(x.cuda(), y.cuda()) for x, y in loader][:8]
+                with nt.watch(progress=False, amp="fp16", optimizer_impl=impl,
+                              count_flops=False, log_every=10):
+                    for step in range(steps):
+                        xb, yb = batches[step % len(batches)]
+                        opt.zero_grad()
+                        F.cross_entropy(model(xb), yb).backward()
+                        opt.step()
+            return call
+        return host_syncs_per_step(train)
+    assert watched("fused") < 0.5
+    assert watched("foreach") >= 1

@@ -483,10 +483,12 @@ COMPUTE_BOUND = {"data_wait_frac": 0.01, "copy_frac": 0.01, "compute_frac": 0.98
 @pytest.mark.parametrize("device, impl, noted", [
     ("cuda:0", "foreach", True), ("cuda:0", "its own", True), ("cuda:0", "fused", False),
     ("cpu", "for-loop", False)])
-def test_fp16_without_a_fused_optimizer_is_a_host_read_per_step(monkeypatch, device, impl, noted):
+@pytest.mark.parametrize("loop", ["fit", "your own"])
+def test_fp16_without_a_fused_optimizer_is_a_host_read_per_step(monkeypatch, device, impl,
+                                                                  noted, loop):
     monkeypatch.setattr(diagnosis, "gpu_has_bf16", lambda device: True)
     advice = diagnosis.diagnose(COMPUTE_BOUND, {"device": (device, ""), "amp": ("fp16", ""),
-                                                "optimizer_impl": (impl, "")})
+                                                "optimizer_impl": (impl, ""), "loop": (loop, "")})
     assert ("inf check back to the host every step" in advice) is noted
     if noted:
         assert "optimizer_impl='fused'" in advice and "amp='bf16'" in advice

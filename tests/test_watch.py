@@ -731,3 +731,30 @@ def test_the_copy_ahead_path_runs_one_batch_ahead_with_cudas_calls_stood_in_for(
     assert len(moved) == 6 + 8   # epoch 1: batches 3-8; epoch 2: all 8, from its start
     assert torch._C._len_torch_function_stack() == 0
     assert_left_as_found()
+
+
+@pytest.mark.parametrize("poison", [None, 3])
+def test_amp_fp16_hands_the_scale_to_a_fused_kernel_with_no_host_read(poison):
+    """A fused optimizer (here on the CPU) unscales and skips on inf in its kernel, as
+    GradScaler.step arranges it: the watch's inf check then reads nothing back, and the
+    weights are the recipe's, a skipped step too."""
+    batches = fp16_batches()
+    reference, watched = net(dropout=0.0), net(dropout=0.0)
+    opt_a = torch.optim.AdamW(reference.parameters(), 1e-2, fused=True)
+    opt_b = torch.optim.AdamW(watched.parameters(), 1e-2)
+    _, scaler = fp16_recipe(reference, opt_a, batches, poison=poison)
+    reads = []
+    with nt.watch(amp="fp16", optimizer_impl="fused", **QUIET) as run:
+        item = torch.Tensor.item   # the watch's counting wrapper, over its first steps
+        torch.Tensor.item = lambda t: reads.append(t.requires_grad) or item(t)
+        try:
+            plain_loop(watched, opt_b, batches, poison=poison)
+        finally:
+            torch.Tensor.item = item
+    assert run.resolved["optimizer_impl"][0] == "fused"
+    assert same_weights(reference, watched)
+    assert run.scaler.get_scale() == scaler.get_scale()
+    assert reads == []   # no found_inf.item(): the inf check stayed with the kernel
+    assert not hasattr(opt_b, "grad_scale") and not hasattr(opt_b, "found_inf")
+    assert "fused" not in opt_b.param_groups[0] or opt_b.param_groups[0]["fused"] is None
+    assert_left_as_found()

@@ -29,12 +29,12 @@ def host_read_findings(resolved: dict) -> list:
     """Host reads per step that the run's settings imply (nt.watch counts a loop's own)."""
     device = torch.device(str(_value(resolved, "device", "cpu")))
     impl = _value(resolved, "optimizer_impl")
-    if _value(resolved, "amp") != "fp16" or device.type == "cpu" or impl == "fused" \
-            or _value(resolved, "loop") == "your own":
+    if _value(resolved, "amp") != "fp16" or device.type == "cpu" or impl == "fused":
         return []
     # GradScaler.step reads its inf check back (found_inf.item() in _maybe_opt_step) unless
     # the optimizer takes the check on the device (_step_supports_amp_scaling: torch's
-    # fused Adam, AdamW, SGD and Adagrad)
+    # fused Adam, AdamW, SGD and Adagrad); nt.watch's scaler does the same
+    # (watcher._hand_scale_to_kernel)
     whose = "your optimizer, unless it is a fused one," if impl == "its own" else \
         "a non-fused optimizer"
     return [f"fp16 with {whose} reads the GradScaler's inf check back to the host every "

@@ -26,6 +26,7 @@ the Run ends through `Watcher.finish`.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 import weakref
 from collections import deque
@@ -113,6 +114,8 @@ class Watcher:
         self._to_channels_last = False  # channels_last=True: convert at the next forward
         self._channels_last = False     # the model is in NHWC now
         self._unscaled = set()          # ids of the optimizers unscaled since the last update
+        self._kernel_scaled = []        # fused optimizers holding the scale, until their step ends
+        self._in_kernel = set()         # ids of those inf-checked this step: gradients still scaled
         self._set_aside = []            # (param, grad) of a step skipped on inf, until after it
         self._undo = []                 # what remove() calls, last first
         self._inside = False            # nbtrain's own code runs: its calls are not the loop's
@@ -204,6 +207,7 @@ class Watcher:
     def remove(self) -> None:
         """Undo every hook and patch, last first, whatever else fails."""
         self._exit_autocast()
+        self._take_back_scale()   # a step that failed: no post hook took them back
         while self._undo:
             with contextlib.suppress(Exception):
                 self._undo.pop()()
@@ -332,6 +336,7 @@ class Watcher:
         if self._unscaled:
             self.scaler.update()
             self._unscaled.clear()
+            self._in_kernel.clear()
 
     def _unscale_or_skip(self, optimizer) -> None:
         """Before `optimizer` steps: its gradients unscaled (GradScaler.unscale_); with an
@@ -339,6 +344,9 @@ class Watcher:
         gradient, torch's optimizers leave a parameter and its state as they are. The
         gradients are set aside for the step and given back after it (_after_step)."""
         if id(optimizer) in self._unscaled:
+            return
+        if _kernel_takes_the_scale(optimizer):
+            self._hand_scale_to_kernel(optimizer)
             return
         self._inside = True   # the inf check's .item() is not the loop's host read
         try:
@@ -356,6 +364,31 @@ class Watcher:
                         self._set_aside.append((param, param.grad))
                         param.grad = None
 
+    def _hand_scale_to_kernel(self, optimizer) -> None:
+        """A fused optimizer unscales its gradients and skips its step on inf in its own
+        kernel, given `grad_scale` and `found_inf` as attributes: what GradScaler.step does
+        for one (`_step_supports_amp_scaling`). The inf check stays on the device, so the
+        step has no host read; the gradients stay scaled (_wrap_clip scales a clip's limit
+        along), and the attributes go again after the step (_after_step)."""
+        scaler = self.scaler
+        self._inside = True
+        try:
+            found = scaler._check_inf_per_device(optimizer)   # counts infs, unscales nothing
+            scale = scaler._get_scale_async()
+            optimizer.grad_scale = scale
+            optimizer.found_inf = sum(t.to(scale.device, non_blocking=True) for t in found.values())
+        finally:
+            self._inside = False
+        self._unscaled.add(id(optimizer))   # inf-checked: the step's update() counts it
+        self._in_kernel.add(id(optimizer))
+        self._kernel_scaled.append(optimizer)
+
+    def _take_back_scale(self) -> None:
+        while self._kernel_scaled:
+            optimizer = self._kernel_scaled.pop()
+            for name in ("grad_scale", "found_inf"):
+                optimizer.__dict__.pop(name, None)
+
     def _wrap_clip(self, original):
         """torch.nn.utils.clip_grad_norm_ / clip_grad_value_ on the scaled gradients of an
         fp16 watch: the limit scaled along, the norm returned unscaled, so the loop clips
@@ -364,7 +397,8 @@ class Watcher:
 
         def clip(parameters, limit, *args, **kwargs):
             scaler = watcher.scaler
-            if scaler is None or watcher._unscaled or watcher._inside:
+            # the gradients are true once an optimizer has unscaled them in place
+            if scaler is None or watcher._inside or watcher._unscaled - watcher._in_kernel:
                 return original(parameters, limit, *args, **kwargs)
             scale = scaler.get_scale()
             result = original(parameters, limit * scale, *args, **kwargs)
@@ -416,6 +450,8 @@ class Watcher:
         while self._set_aside:   # a skipped step's gradients back, as GradScaler leaves them
             param, grad = self._set_aside.pop()
             param.grad = grad
+        if self._kernel_scaled:
+            self._take_back_scale()
         if self._inside or not self._backwards:
             return   # another optimizer stepping on the same backward: the same step
         run, interval = self.run, self.interval
@@ -750,6 +786,19 @@ def _amp_choice(requested: str, device: torch.device, optimize: bool, step, key)
     if not cpu_bf16_feature():
         return "off", "CPU has no bf16 matmul units (avx512_bf16, amx_bf16): bf16 runs slower"
     return cpu_bf16_choice(step, key)
+
+
+# torch's optimizers whose fused kernels take grad_scale and found_inf (their step reads
+# them as attributes); their single-tensor and foreach kernels refuse them
+_SCALING = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD, torch.optim.Adagrad)
+
+
+def _kernel_takes_the_scale(optimizer) -> bool:
+    """A fused optimizer of those, with its step not overridden (torch wraps each class's
+    step in its hook caller, so compare the functions under the wrappers)."""
+    step = inspect.unwrap(type(optimizer).step)
+    return any(step is inspect.unwrap(cls.step) for cls in _SCALING) and \
+        all(group.get("fused") for group in optimizer.param_groups)
 
 
 def _probe_step(model, args, kwargs, amp: str) -> None:
