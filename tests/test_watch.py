@@ -758,3 +758,20 @@ def test_amp_fp16_hands_the_scale_to_a_fused_kernel_with_no_host_read(poison):
     assert not hasattr(opt_b, "grad_scale") and not hasattr(opt_b, "found_inf")
     assert "fused" not in opt_b.param_groups[0] or opt_b.param_groups[0]["fused"] is None
     assert_left_as_found()
+
+
+def test_a_loop_that_uses_its_batch_where_it_is_gets_no_copies_ahead(monkeypatch):
+    """On a CUDA machine a loop training on the CPU hands its batch to the model and the
+    loss as it comes: both are uses where the tensors are, seen by the MoveLog (the loss
+    in its mode, the model's input at the forward it is kept out of)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    x, y = data()
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    with nt.watch(amp="off", **QUIET) as run:
+        train(model, opt, loader_of(x, y), epochs=1)
+    ahead, why = run.resolved["prefetch_to_device"]
+    assert ahead is False and "uses 2 of its batch's 2 tensors on the CPU" in why, why
+    assert run.resolved["pin_memory"][0] is False
+    assert torch._C._len_torch_function_stack() == 0
+    assert_left_as_found()

@@ -221,19 +221,32 @@ class Watcher:
     def _any_forward_starts(self, module, args) -> None:
         if self._inside:
             return
-        if self._depth == 0 and torch.is_grad_enabled() and \
-                any(p.requires_grad for p in module.parameters()):
-            self._candidate = module
+        if self._depth == 0:
+            if self._moves is not None:   # the forward runs without the MoveLog (_forward_done)
+                _remove_function_mode(self._moves)
+            if torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters()):
+                self._candidate = module
         self._depth += 1
 
     def _any_forward_ends(self, module, args, kwargs, output) -> None:
         if self._inside:
             return
         self._depth -= 1
-        if self._depth == 0 and module is self._candidate:
+        if self._depth:
+            return
+        if module is self._candidate:
             self._candidate = None
             self._samples += _samples_in(args, kwargs)
             self._found_model(module, args, kwargs)
+        if self._moves is not None:
+            self._forward_done(args, kwargs)
+
+    def _forward_done(self, args, kwargs) -> None:
+        """Step 1's outermost forward ran outside the MoveLog's mode: a compiled model is
+        traced as it will run (dynamo guards on the mode stack), and the mode's Python call
+        per op is spared. A batch tensor the model was given is a use where it is."""
+        self._moves.note_uses((*args, *kwargs.values()))
+        torch._C._push_on_torch_function_stack(self._moves)
 
     def _found_model(self, model, args, kwargs) -> None:
         """The model the loop trains: resolve what depends on it, hook it alone from now on."""

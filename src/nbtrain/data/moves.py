@@ -50,7 +50,11 @@ class MoveLog(TorchFunctionMode):
                 isinstance(result, torch.Tensor) and result.is_cuda:
             self.moved[self._positions[id(first)]] = result.device
             return
-        for value in (*args, *kwargs.values()):
+        self.note_uses((*args, *kwargs.values()))
+
+    def note_uses(self, values) -> None:
+        """`values` (arguments, and the items of list and tuple ones) were used as they are."""
+        for value in values:
             for item in (value if isinstance(value, (list, tuple)) else (value,)):
                 position = self._positions.get(id(item))
                 if position is not None:
