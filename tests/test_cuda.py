@@ -268,16 +268,15 @@ def test_the_watch_times_a_loop_on_the_gpu_with_one_event_at_each_steps_start():
 
 # -- nt.watch on CUDA: your loop's copies of its batch, learned over step 1 -----------------
 def moving_loop(model, opt, loader, seen, keep_targets_on_cpu=False):
-    """The tutorial loop with its own .to(device); notes each batch as the loop gets it and
-    whether its .to returned the very tensor (already on the GPU)."""
+    """The tutorial loop with its own .to(device); notes each batch as the loop gets it
+    (where, pinned); with `keep_targets_on_cpu` it also scores against the CPU labels."""
     for xb, yb in loader:
-        given = xb
-        xb = xb.to("cuda", non_blocking=True)
-        yb = yb if keep_targets_on_cpu else yb.to("cuda", non_blocking=True)
-        seen.append((given.device.type, given.is_pinned() if given.device.type == "cpu" else None,
-                     xb is given))
+        seen.append((xb.device.type, xb.is_pinned()))
+        out = model(xb.to("cuda", non_blocking=True))
+        if keep_targets_on_cpu:
+            (out.argmax(1).cpu() == yb).float().mean()   # yb must still be on the CPU
+        loss = F.cross_entropy(out, yb.to("cuda"))
         opt.zero_grad()
-        loss = F.cross_entropy(model(xb), yb.to("cuda"))
         loss.backward()
         opt.step()
 
@@ -293,37 +292,38 @@ def cuda_loop_parts(seed=0):
     return model, opt, loader
 
 
-def test_the_watch_copies_a_loop_s_batches_ahead_where_it_moves_them_whole():
+@pytest.mark.parametrize("keep_targets_on_cpu", [False, True])
+def test_the_watch_copies_a_loops_batches_ahead_and_its_own_to_gets_them(monkeypatch,
+                                                                         keep_targets_on_cpu):
+    from nbtrain.data import moves
+    handed = []
+    take = moves.AheadCopies.take
+    monkeypatch.setattr(moves.AheadCopies, "take",
+                        lambda self, tensor, *asked: _noting(handed, take, self, tensor, asked))
     originals = (torch.Tensor.to, torch.Tensor.cuda)
     model, opt, loader = cuda_loop_parts()
     seen = []
     with nt.watch(progress=False, amp="off", optimizer_impl="foreach", count_flops=False) as run:
         for _ in range(2):
-            moving_loop(model, opt, loader, seen)
+            moving_loop(model, opt, loader, seen, keep_targets_on_cpu)
     assert run.resolved["prefetch_to_device"][0] is True, run.resolved["prefetch_to_device"]
     assert run.resolved["pin_memory"][0] is True
-    # step 1 and 2 as the loader gives them (learned, then decided); from step 3 on the GPU,
-    # the loop's own .to returning the tensor it was given
-    assert seen[0][0] == "cpu" and seen[1] == ("cpu", True, False)
-    assert all(s == ("cuda", None, True) for s in seen[2:]), seen
+    # the loop gets its loader's CPU batches, pinned from the third (the batched fetch)
+    assert all(where == "cpu" for where, _ in seen) and all(p for _, p in seen[2:]), seen
+    # from the third batch each of the loop's .to found the copy made ahead
+    assert handed and all(handed) and len(handed) == 2 * (len(seen) - 2)
     assert (torch.Tensor.to, torch.Tensor.cuda) == originals
     # the same batches, the same numbers: the weights of the loop unwatched
     plain, plain_opt, plain_loader = cuda_loop_parts()
     for _ in range(2):
-        moving_loop(plain, plain_opt, plain_loader, [])
+        moving_loop(plain, plain_opt, plain_loader, [], keep_targets_on_cpu)
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), plain.parameters()))
 
 
-def test_a_loop_that_keeps_a_tensor_on_the_cpu_gets_its_batches_as_before():
-    model, opt, loader = cuda_loop_parts()
-    seen = []
-    with nt.watch(progress=False, count_flops=False) as run:
-        moving_loop(model, opt, loader, seen, keep_targets_on_cpu=True)
-    ahead, why = run.resolved["prefetch_to_device"]
-    assert ahead is False and "keeps 1 of its batch's 2 tensors on the CPU" in why, why
-    # the batched fetch writes into pinned memory: the loop's copy of xb can be asynchronous
-    assert run.resolved["pin_memory"][0] is True
-    assert all(s[0] == "cpu" for s in seen) and all(s[1] for s in seen[2:]), seen
+def _noting(handed, take, self, tensor, asked):
+    copy = take(self, tensor, *asked)
+    handed.append(copy is not None)
+    return copy
 
 
 def test_the_watchs_fp16_with_a_fused_optimizer_does_not_sync_per_step_and_unfused_does():

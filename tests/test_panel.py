@@ -447,9 +447,10 @@ def test_the_stop_button_interrupts_for_a_run_that_keeps_the_kernel_busy(digits)
             opt.step()
         dash.flush()
         during = dash.stop_button.running, dash.stop_button.interrupts
+    ended = dash.stop_button.running   # at the run's end, before any draw: no late interrupt
     dash.flush()
     assert during == (True, True)   # the browser interrupts the kernel: no message
-    assert run.state == "finished" and not dash.stop_button.running
+    assert ended is False and run.state == "finished" and not dash.stop_button.running
 
 
 def test_a_blocking_fit_outside_the_main_thread_is_stopped_by_message(digits):

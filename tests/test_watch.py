@@ -1,6 +1,7 @@
 """nt.watch: a loop the user wrote, watched from outside, made faster, and left as it was."""
 from __future__ import annotations
 
+import collections
 import signal
 import threading
 
@@ -489,7 +490,7 @@ def test_copies_to_the_gpu_resolve_off_on_the_cpu_with_the_reason():
     assert ahead is False and "no CUDA device" in why, why
 
 
-def test_the_loops_moves_decide_what_is_copied_ahead():
+def test_the_loops_copies_decide_what_is_copied_ahead():
     cuda0, cuda1 = torch.device("cuda", 0), torch.device("cuda", 1)   # no GPU needed
     xb, yb = torch.zeros(4, 3), torch.zeros(4, dtype=torch.long)
 
@@ -498,48 +499,39 @@ def test_the_loops_moves_decide_what_is_copied_ahead():
         log.moved = dict(moves)
         return log
 
-    whole = log_of((0, cuda0), (1, cuda0))
-    (pin, _), (ahead, why) = resolve_copies("auto", "auto", whole, False, False)
-    assert pin and ahead and "to cuda:0" in why
-    (pin, why_pin), (ahead, why) = resolve_copies("auto", "auto", log_of((0, cuda0)), False, True)
-    assert not ahead and "keeps 1 of its batch's 2 tensors on the CPU" in why
-    assert pin and "batched fetch writes each batch into pinned memory" in why_pin
-    (pin, why_pin), (ahead, why) = resolve_copies("auto", True, log_of((0, cuda0), (1, cuda1)),
-                                                  False, False)
+    whole, part = log_of((0, cuda0), (1, cuda0)), log_of((0, cuda0))
+    (pin, _), (ahead, why) = resolve_copies("auto", "auto", whole, False, True)
+    assert pin and ahead and "copies 2 of its batch's 2 tensors to cuda:0" in why, why
+    (pin, _), (ahead, why) = resolve_copies("auto", "auto", part, False, True)
+    assert pin and ahead and "copies 1 of its batch's 2 tensors" in why   # yb stays the loop's
+    (pin, why_pin), (ahead, why) = resolve_copies("auto", "auto", whole, False, False)
+    assert (pin, ahead) == (False, False) and "overlaps little" in why and "type of their own" in why
+    (pin, _), (ahead, why) = resolve_copies("auto", True, whole, False, False)
+    assert (pin, ahead) == (False, True) and "from pageable memory" in why   # asked for: done
+    (pin, _), (ahead, why) = resolve_copies("auto", True, log_of((0, cuda0), (1, cuda1)),
+                                            False, True)
     assert (pin, ahead) == (False, False) and why.startswith("not possible: ") and "several" in why
     (pin, why_pin), (ahead, why) = resolve_copies("auto", "auto", log_of(), False, True)
-    assert (pin, ahead) == (False, False) and "copied none" in why_pin
-    assert resolve_copies(False, "auto", whole, False, False)[0] == (False, "asked for")
+    assert (pin, ahead) == (False, False) and "copied none" in why and "no copies ahead" in why_pin
+    assert resolve_copies(False, "auto", whole, False, True)[0] == (False, "asked for")
     assert resolve_copies("auto", False, whole, True, False) == (
         (True, "your loop's own (DataLoader(pin_memory=True))"), (False, "asked for"))
-    used = log_of((0, cuda0), (1, cuda0))
-    used.used = {1}   # a metric against the CPU labels: yb must stay where the loop had it
-    (pin, _), (ahead, why) = resolve_copies("auto", "auto", used, False, False)
-    assert (pin, ahead) == (False, False) and "uses 1 of its batch's 2 tensors on the CPU" in why
+    on_gpu = MoveLog([torch.zeros(2, device="meta")])
+    assert "on the GPU already" in on_gpu.why_none()
 
 
-def test_the_move_log_sees_the_loops_uses_of_its_batch_and_leaves_only_itself():
-    from torch.overrides import TorchFunctionMode
-    from nbtrain.watcher import _remove_function_mode
+def test_the_move_log_notes_cpu_tensors_the_loop_copies_to_the_gpu(monkeypatch):
+    from nbtrain.data import moves
+    monkeypatch.setattr(moves, "GPU", "meta")   # stands in for CUDA on a CPU
     xb, yb = torch.zeros(4, 3), torch.zeros(4, dtype=torch.long)
     log = MoveLog([xb, yb])
-    with log:
-        xb.shape, len(xb), xb.size(0), xb.dim()   # metadata only: the same on a GPU
-        assert log.moved == {} and log.used == set()
-        (yb == 1).sum()                           # the loop uses yb on the CPU
-        torch.cat([torch.ones(1, 3), xb])         # and xb, inside a list
-    assert log.used == {0, 1} and log.moved == {}
-    with MoveLog([xb]) as other_device:
-        xb.to("meta")                             # a copy, but to no GPU: a use
-    assert other_device.used == {0} and other_device.target() is None
-    stack = torch._C._len_torch_function_stack
-    other = TorchFunctionMode()
-    log.__enter__()
-    other.__enter__()   # a mode the loop enters during step 1 and keeps
-    _remove_function_mode(log)
-    assert stack() == 1 and torch._C._get_function_stack_at(0) is other
-    other.__exit__(None, None, None)
-    assert stack() == 0
+    log.note(xb, xb.to("meta"))
+    log.note(torch.zeros(1), torch.zeros(1, device="meta"))   # not one of the batch's
+    log.note(yb, yb.float())                                   # a copy on the CPU
+    assert log.moved == {0: torch.device("meta")} and log.target() == torch.device("meta")
+    assert moves.plain([xb, {"a": yb, "b": [xb]}, "name", 3])
+    assert not moves.plain(collections.namedtuple("Batch", "x y")(xb, yb))
+    assert not moves.plain(collections.UserDict(a=xb))
 
 
 def test_num_threads_applies_for_the_watch_only():
@@ -633,15 +625,17 @@ def test_amp_fp16_skips_a_step_whose_gradients_overflow_and_lowers_the_scale():
     assert opt_b.state[watched[0].weight]["step"] == 7   # the skipped step left Adam's state
 
 
-def test_amp_fp16_clips_the_true_gradients_where_the_loop_clips():
+@pytest.mark.parametrize("impl", ["for-loop", "fused"])
+def test_amp_fp16_clips_the_true_gradients_where_the_loop_clips(impl):
     """clip_grad_norm_ in the loop sees the scaled gradients; the watch scales the limit
-    along and returns the true norm, as scaler.unscale_ before the clip does."""
+    along and returns the true norm, as scaler.unscale_ before the clip does (with a fused
+    optimizer the limit is scaled on the device and the kernel unscales)."""
     batches = fp16_batches()
     reference, watched = net(dropout=0.0), net(dropout=0.0)
     opt_a = torch.optim.SGD(reference.parameters(), 0.5)
     opt_b = torch.optim.SGD(watched.parameters(), 0.5)
     expected, _ = fp16_recipe(reference, opt_a, batches, clip=0.1)
-    with nt.watch(amp="fp16", optimizer_impl="for-loop", **QUIET):
+    with nt.watch(amp="fp16", optimizer_impl=impl, **QUIET):
         got = plain_loop(watched, opt_b, batches, clip=0.1)
     assert got == pytest.approx(expected, rel=1e-4) and max(got) < 10
     for a, b in zip(reference.parameters(), watched.parameters()):
@@ -681,56 +675,77 @@ def test_channels_last_lays_out_the_weights_and_inputs_in_nhwc_for_the_watch_onl
     assert_left_as_found()
 
 
-def test_the_copy_ahead_path_runs_one_batch_ahead_with_cudas_calls_stood_in_for(monkeypatch):
-    """The CUDA-only wiring (a MoveLog over step 1, then copies one batch ahead) on the
-    CPU: torch.cuda's stream calls and pinning are stood in for, and the verdict is the
-    one a loop that moves its batch whole gets; tests/test_cuda.py runs it for real."""
+def test_the_copies_ahead_reach_the_loops_own_to_with_meta_standing_in_for_cuda(monkeypatch):
+    """The CUDA-only path on the CPU: the meta device stands in for a GPU (the loop trains
+    there), torch.cuda's stream calls are stood in for. The loop copies xb and yb; from
+    its third batch each `.to("meta")` gets the copy made one batch ahead, while the loop
+    is handed its loader's own CPU batches, in the loader's order."""
     import contextlib
     from nbtrain import watcher as watcher_module
-    from nbtrain.data import prefetch
-    fetched, moved = [], []
+    from nbtrain.data import moves
 
     class Stream:
         def wait_stream(self, other):
             pass
 
+    monkeypatch.setattr(moves, "GPU", "meta")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "Stream", lambda device: Stream())
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: Stream())
-    monkeypatch.setattr(prefetch, "_record_stream", lambda batch, stream: None)
-    monkeypatch.setattr(MoveLog, "target", lambda self: torch.device("cpu"))
-
-    def rows(tensor, index):
-        fetched.append(len(fetched))
-        return tensor.index_select(0, index)
-    monkeypatch.setattr(watcher_module, "pinned_rows", rows)
-
-    def mover(device):
-        def move(batch):
-            moved.append(len(fetched))
-            return [t.clone() for t in batch]
-        return move
-    monkeypatch.setattr(watcher_module, "ahead_mover", mover)
+    monkeypatch.setattr(moves, "_record_copies", lambda moved, stream: None)
+    pinned = []
+    monkeypatch.setattr(watcher_module, "pinned_rows",   # pinning needs CUDA: noted instead
+                        lambda t, index: pinned.append(1) or t.index_select(0, index))
+    handed = []
+    take = moves.AheadCopies.take
+    monkeypatch.setattr(moves.AheadCopies, "take", lambda self, tensor, *asked: handed.append(
+        tensor) or take(self, tensor, *asked))
 
     x, y = data()
-    model, plain = net(), net()
-    opt, plain_opt = (torch.optim.AdamW(m.parameters(), 1e-3) for m in (model, plain))
-    seen = []
-    torch.manual_seed(5)   # the dropout masks
+    torch.manual_seed(0)
+    model = nn.Linear(16, 4).to("meta")
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    given, copies = [], []
+    loader = loader_of(x, y)
     with nt.watch(amp="off", optimizer_impl="for-loop", **QUIET) as run:
-        train(model, opt, loader_of(x, y), epochs=2, every_step=lambda n: seen.append(
-            (n, len(fetched) // 2)))
-    torch.manual_seed(5)
-    losses = train(plain, plain_opt, loader_of(x, y), epochs=2)
-    assert run.resolved["prefetch_to_device"][0] is True and run.resolved["pin_memory"][0]
-    assert same_weights(model, plain) and run.step == len(losses) == 16
-    # pinned rows from batch 3 on (2 tensors each), each copied before the one before it
-    # reaches the loop: at step 3 batch 4 is fetched already
-    assert seen[2] == (3, 2) and seen[7] == (8, 6)
-    assert len(moved) == 6 + 8   # epoch 1: batches 3-8; epoch 2: all 8, from its start
-    assert torch._C._len_torch_function_stack() == 0
+        for _ in range(2):
+            for xb, yb in loader:
+                given.append((xb, yb))
+                xm, ym = xb.to("meta", non_blocking=True), yb.to("meta")
+                copies.append(xm)
+                opt.zero_grad()
+                F.cross_entropy(model(xm), ym).backward()
+                opt.step()
+    assert run.resolved["prefetch_to_device"][0] is True, run.resolved["prefetch_to_device"]
+    assert run.resolved["pin_memory"][0] is True and len(pinned) == 2 * (6 + 8)
+    plain = loader_of(x, y)
+    order = [b for _ in range(2) for b in plain]
+    assert len(given) == len(order) == run.step == 16
+    assert all(torch.equal(a, b) and torch.equal(c, d) for (a, c), (b, d) in zip(given, order))
+    assert all(xb.device.type == "cpu" for xb, _ in given)   # the loop's batches as they were
+    # from the third batch each .to found a copy of the very tensor it was called on
+    assert [t for t in handed] == [t for pair in given[2:] for t in pair]
+    assert all(c.device.type == "meta" for c in copies)
     assert_left_as_found()
+
+
+def test_a_loop_on_the_cpu_of_a_cuda_machine_copies_nothing_and_gets_torchs_to_back(
+        monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    x, y = data()
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    to_at_step = []
+    with nt.watch(amp="off", **QUIET) as run:
+        train(model, opt, loader_of(x, y), epochs=1,
+              every_step=lambda n: to_at_step.append(torch.Tensor.to is ORIGINALS["to"]))
+    ahead, why = run.resolved["prefetch_to_device"]
+    assert ahead is False and "copied none of its batch's tensors to a GPU" in why, why
+    assert run.resolved["pin_memory"][0] is False
+    assert to_at_step[:2] == [False, True] and all(to_at_step[1:])   # undone at batch 2
+    assert_left_as_found()
+
 
 
 @pytest.mark.parametrize("poison", [None, 3])
@@ -760,18 +775,18 @@ def test_amp_fp16_hands_the_scale_to_a_fused_kernel_with_no_host_read(poison):
     assert_left_as_found()
 
 
-def test_a_loop_that_uses_its_batch_where_it_is_gets_no_copies_ahead(monkeypatch):
-    """On a CUDA machine a loop training on the CPU hands its batch to the model and the
-    loss as it comes: both are uses where the tensors are, seen by the MoveLog (the loss
-    in its mode, the model's input at the forward it is kept out of)."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    x, y = data()
-    model = net()
-    opt = torch.optim.SGD(model.parameters(), 0.1)
-    with nt.watch(amp="off", **QUIET) as run:
-        train(model, opt, loader_of(x, y), epochs=1)
-    ahead, why = run.resolved["prefetch_to_device"]
-    assert ahead is False and "uses 2 of its batch's 2 tensors on the CPU" in why, why
-    assert run.resolved["pin_memory"][0] is False
-    assert torch._C._len_torch_function_stack() == 0
+def test_amp_fp16_with_fused_sgd_momentum_skips_a_first_step_without_a_garbage_buffer():
+    """Fused SGD makes its momentum buffers on the first step even when the kernel skips it
+    on inf; until every buffer exists the watch unscales and skips itself, so the first
+    step's overflow leaves no buffer and the run follows the recipe."""
+    batches = fp16_batches()
+    reference, watched = net(dropout=0.0), net(dropout=0.0)
+    opt_a = torch.optim.SGD(reference.parameters(), 0.1, momentum=0.9)
+    opt_b = torch.optim.SGD(watched.parameters(), 0.1, momentum=0.9)
+    fp16_recipe(reference, opt_a, batches, poison=0)
+    with nt.watch(amp="fp16", optimizer_impl="fused", **QUIET) as run:
+        plain_loop(watched, opt_b, batches, poison=0)
+    assert run.resolved["optimizer_impl"][0] == "fused" and run.step == 8
+    for a, b in zip(reference.parameters(), watched.parameters()):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
     assert_left_as_found()

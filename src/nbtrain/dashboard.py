@@ -508,6 +508,9 @@ class Dashboard:
         """In the training thread: append and poke, nothing else (no lock, no drawing)."""
         self._inbox.append((slot, run, record))
         end = record.get("kind") == "end"
+        if end and self.stop_button is not None and not any(
+                s.run.running for s in self.slots if s.run is not run):
+            self.stop_button.ended()
         if end and self.handles is not None:
             # The last picture before fit returns: a headless executor (nbconvert) stops
             # listening when the cell ends, and the notebook must keep the final charts.

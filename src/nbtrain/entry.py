@@ -121,10 +121,10 @@ class watch:
         return self.run
 
     def __exit__(self, kind, exc, traceback) -> bool:
-        try:
-            self._ctrl_c.__exit__(None, None, None)   # the handler before the watch, again
-        finally:
+        try:   # the run ends under the watch's handler: a Ctrl-C now stops, not raises
             swallowed = self._watcher.finish(exc)
+        finally:
+            self._ctrl_c.__exit__(None, None, None)   # the handler before the watch, again
         return swallowed
 
 

@@ -34,7 +34,7 @@ function cookie(name) {
 async function interruptKernel(kernelId) {
   const config = pageConfig();
   if (!kernelId || config.baseUrl === undefined) {
-    return "no Jupyter server page here: use your front end's interrupt (■) instead";
+    return [false, "no Jupyter server page here: use your front end's interrupt (■) instead"];
   }
   const headers = {};
   if (config.token) headers["Authorization"] = "token " + config.token;
@@ -44,10 +44,10 @@ async function interruptKernel(kernelId) {
   try {
     const reply = await fetch(base + "api/kernels/" + kernelId + "/interrupt",
                               { method: "POST", headers, credentials: "same-origin" });
-    if (reply.ok) return "interrupted the kernel: the loop ends at the next step";
-    return "the server refused the interrupt (" + reply.status + "): use ■ instead";
+    if (reply.ok) return [true, "interrupted the kernel: the loop ends at the next step"];
+    return [false, "the server refused the interrupt (" + reply.status + "): use ■ instead"];
   } catch (e) {
-    return "could not reach the server (" + e + "): use ■ instead";
+    return [false, "could not reach the server (" + e + "): use ■ instead"];
   }
 }
 
@@ -69,7 +69,9 @@ export default {
       if (model.get("interrupts")) {
         // no message: a busy kernel would read it only after the cell, and could then
         // stop a run that a later cell started
-        note.textContent = await interruptKernel(model.get("kernel_id"));
+        const [sent, text] = await interruptKernel(model.get("kernel_id"));
+        note.textContent = text;
+        if (!sent) button.disabled = !model.get("running");   // another try stays possible
       } else {
         model.send({ event: "stop" });
         note.textContent = "stopping at the next step...";
@@ -108,6 +110,11 @@ class StopButton(anywidget.AnyWidget):
         super().__init__(kernel_id=kernel_id(), **kwargs)
         self._stop = stop
         self.on_msg(self._on_click)
+
+    def ended(self) -> None:
+        """A run ended: disabled now, from the training thread, before its Ctrl-C handler
+        goes (a click after that would interrupt whatever the kernel runs next)."""
+        self.running = False
 
     def update(self, runs: Iterable) -> None:
         running = [run for run in runs if run.running]

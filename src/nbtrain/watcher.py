@@ -19,8 +19,9 @@ watch only:
 
 With `optimize=True` it applies the speed settings to the user's objects for the watch
 only: autocast around the model's forward, batched fetch for a DataLoader over a
-TensorDataset, the fused optimizer kernel, and on CUDA the loop's batches copied ahead
-from pinned memory where its first step moved them whole (data/moves.py). `Watcher.remove` undoes every hook and patch;
+TensorDataset, the fused optimizer kernel, and on CUDA the batch tensors the loop copies
+to the GPU copied one batch ahead from pinned memory, its own `.to(device)` handed the
+copy (data/moves.py). `Watcher.remove` undoes every hook and patch;
 the Run ends through `Watcher.finish`.
 """
 from __future__ import annotations
@@ -43,8 +44,7 @@ from . import flops
 from .config import SETTINGS, ConfigError, TrainConfig, as_config
 from .data import shippable
 from .data.batches import batch_chunks, stop_workers
-from .data.moves import MoveLog, ahead_mover, pinned_rows, resolve_copies
-from .data.prefetch import copied_ahead
+from .data.moves import AheadCopies, MoveLog, pinned_rows, plain, resolve_copies
 from .data.nested import batch_len
 from .devices import available_cores, cpu_bf16_choice, cpu_bf16_feature, gpu_has_bf16
 from .loop import flush_interval, log_interval
@@ -139,7 +139,8 @@ class Watcher:
         self._chosen_workers = None
         self._copies_pending = False    # CUDA: the loop's copies of its batch are being learned
         self._moves = None              # the first batch's MoveLog, until the next batch
-        self._ahead = None              # (move, stream, device): batches copied ahead
+        self._copy_patches = []         # undo Tensor.to / Tensor.cuda's (_copying)
+        self._ahead = None              # AheadCopies: the batches' copies made one batch ahead
         self._pin = False               # the batched fetch writes into pinned memory
         self._shadows = weakref.WeakKeyDictionary()           # your loader -> one with workers
         self._shadow_iterators = weakref.WeakKeyDictionary()  # your loader -> that one's iterator
@@ -182,8 +183,11 @@ class Watcher:
             self._patch(torch.nn.utils, name, self._wrap_clip)
         self._keep(self._stop_shadow_workers)   # undone first: before torch's iterator is back
         cfg = self.run.config
-        self._copies_pending = self.optimize and torch.cuda.is_available() and not (
-            cfg.pin_memory is False and cfg.prefetch_to_device is False)
+        self._copies_pending = self.optimize and torch.cuda.is_available() and \
+            cfg.prefetch_to_device is not False
+        if self._copies_pending:
+            self._copy_patches = [self._patch(torch.Tensor, name, self._copying(name))
+                                  for name in ("to", "cuda")]
 
     def _keep(self, undo) -> None:
         self._undo.append(undo)
@@ -221,32 +225,19 @@ class Watcher:
     def _any_forward_starts(self, module, args) -> None:
         if self._inside:
             return
-        if self._depth == 0:
-            if self._moves is not None:   # the forward runs without the MoveLog (_forward_done)
-                _remove_function_mode(self._moves)
-            if torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters()):
-                self._candidate = module
+        if self._depth == 0 and torch.is_grad_enabled() and \
+                any(p.requires_grad for p in module.parameters()):
+            self._candidate = module
         self._depth += 1
 
     def _any_forward_ends(self, module, args, kwargs, output) -> None:
         if self._inside:
             return
         self._depth -= 1
-        if self._depth:
-            return
-        if module is self._candidate:
+        if self._depth == 0 and module is self._candidate:
             self._candidate = None
             self._samples += _samples_in(args, kwargs)
             self._found_model(module, args, kwargs)
-        if self._moves is not None:
-            self._forward_done(args, kwargs)
-
-    def _forward_done(self, args, kwargs) -> None:
-        """Step 1's outermost forward ran outside the MoveLog's mode: a compiled model is
-        traced as it will run (dynamo guards on the mode stack), and the mode's Python call
-        per op is spared. A batch tensor the model was given is a use where it is."""
-        self._moves.note_uses((*args, *kwargs.values()))
-        torch._C._push_on_torch_function_stack(self._moves)
 
     def _found_model(self, model, args, kwargs) -> None:
         """The model the loop trains: resolve what depends on it, hook it alone from now on."""
@@ -397,8 +388,10 @@ class Watcher:
         self._kernel_scaled.append(optimizer)
 
     def _take_back_scale(self) -> None:
+        """After a fused step: its kernel has unscaled the gradients in place."""
         while self._kernel_scaled:
             optimizer = self._kernel_scaled.pop()
+            self._in_kernel.discard(id(optimizer))
             for name in ("grad_scale", "found_inf"):
                 optimizer.__dict__.pop(name, None)
 
@@ -408,12 +401,20 @@ class Watcher:
         its true gradients, as with scaler.unscale_(opt) before the clip."""
         watcher = self
 
+        by_norm = original.__name__ == "clip_grad_norm_"
+
         def clip(parameters, limit, *args, **kwargs):
             scaler = watcher.scaler
             # the gradients are true once an optimizer has unscaled them in place
             if scaler is None or watcher._inside or watcher._unscaled - watcher._in_kernel:
                 return original(parameters, limit, *args, **kwargs)
-            scale = scaler.get_scale()
+            # a norm's limit may be a tensor (max_norm / total_norm): the scale stays on the
+            # device; clamp's limits are numbers, read under _inside (not the loop's read)
+            watcher._inside = True
+            try:
+                scale = scaler._get_scale_async() if by_norm else scaler.get_scale()
+            finally:
+                watcher._inside = False
             result = original(parameters, limit * scale, *args, **kwargs)
             return result / scale if isinstance(result, torch.Tensor) else result
         clip.__wrapped__ = original
@@ -570,8 +571,8 @@ class Watcher:
             return original(loader)
         shadow = self._shadows.get(loader)
         if shadow is None or shadow.num_workers != workers:
-            shadow = self._shadows[loader] = _served_by_workers(
-                loader, workers, self.run.config, pin=loader.pin_memory or self._ahead is not None)
+            pin = loader.pin_memory or self._ahead is not None and self._ahead.pin
+            shadow = self._shadows[loader] = _served_by_workers(loader, workers, self.run.config, pin)
         elif loader in self._shadow_iterators:
             # kept workers reset their iterator without its base-seed draw: draw it as the
             # loader's own new iterator would, so the sampler's order stays the loader's
@@ -668,41 +669,52 @@ class Watcher:
 
     # -- CUDA: your loop's copies of its batch, learned over step 1, then made ahead ----------
     def _follow_copies(self, batch, batches):
-        """At the training loader's first batch: note what the loop does with it until the
-        next one (a MoveLog). At the next: resolve pin_memory and prefetch_to_device on
-        what it did, and from the batch after it copy ahead where the loop moved its batch
-        whole. Returns the batches to go on with."""
+        """At the training loader's first batch: note what the loop copies to a GPU until
+        the next one (a MoveLog, fed by the watch's Tensor.to and .cuda). At the next:
+        resolve pin_memory and prefetch_to_device on what it copied, and from the batch
+        after it copy those tensors ahead. Returns the batches to go on with."""
         if self._moves is None:
             self._moves = MoveLog(batch)
-            self._moves.__enter__()
-            self._keep(self._end_move_log)
             return batches
-        log = self._moves
-        self._end_move_log()
-        self._copies_pending = False
+        log, self._moves, self._copies_pending = self._moves, None, False
         loader, cfg, resolved = self._training_loader(), self.run.config, self.run.resolved
+        batched = resolved["batched_fetch"][0]
         (pin, why_pin), (ahead, why_ahead) = resolve_copies(
             cfg.pin_memory, cfg.prefetch_to_device, log, loader.pin_memory,
-            resolved["batched_fetch"][0])
+            can_pin=batched or plain(batch))
         resolved["pin_memory"], resolved["prefetch_to_device"] = (pin, why_pin), (ahead, why_ahead)
-        self._pin = pin
         if not ahead:
+            for undo in self._copy_patches:   # nothing to hand out: torch's own methods
+                undo()
             return batches
-        device = log.target()
-        self._ahead = (ahead_mover(device), torch.cuda.Stream(device), device)
+        self._pin = pin and batched   # the batched fetch writes pinned rows itself
+        self._ahead = AheadCopies(log.moved, log.target(),
+                                  pin=pin and not batched and not loader.pin_memory)
         return self._copied_ahead(batches)
 
-    def _end_move_log(self) -> None:
-        """Take the MoveLog's torch function mode off the stack (once), and only it: a mode
-        the loop entered since stays, where `__exit__` would pop that one instead."""
-        log, self._moves = self._moves, None
-        if log is not None:
-            _remove_function_mode(log)
-
     def _copied_ahead(self, batches):
-        move, stream, device = self._ahead
         markers = {} if self.interval is None else {"markers": self.interval}   # times the waits
-        return copied_ahead(batches, move, stream, device, **markers)
+        return self._ahead.batches(batches, **markers)
+
+    def _copying(self, name: str):
+        """Tensor.to / Tensor.cuda for a watch on CUDA: over step 1 they note what the loop
+        copies (MoveLog); once copies are made ahead, the loop's call on a tensor of its
+        batch returns the copy made for it, where it asks for just that copy."""
+        watcher = self
+
+        def wrap(original):
+            def moved(tensor, *args, **kwargs):
+                ahead = watcher._ahead
+                if ahead is not None and ahead.ready and not watcher._inside:
+                    copy = ahead.take(tensor, *_move_request(name, args, kwargs))
+                    if copy is not None:
+                        return copy
+                result = original(tensor, *args, **kwargs)
+                if watcher._moves is not None and not watcher._inside:
+                    watcher._moves.note(tensor, result)
+                return result
+            return moved
+        return wrap
 
     # -- host reads ---------------------------------------------------------------------------
     def _counting(self, grad_counts: bool):
@@ -808,10 +820,19 @@ _SCALING = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD, torch.optim.Ad
 
 def _kernel_takes_the_scale(optimizer) -> bool:
     """A fused optimizer of those, with its step not overridden (torch wraps each class's
-    step in its hook caller, so compare the functions under the wrappers)."""
+    step in its hook caller, so compare the functions under the wrappers). Not SGD with
+    momentum before every parameter has its buffer: fused SGD makes the buffers with
+    empty_like on the first step and keeps them even when found_inf skips the update
+    (torch/optim/sgd.py, _fused_sgd), where unscale-and-skip leaves none."""
     step = inspect.unwrap(type(optimizer).step)
-    return any(step is inspect.unwrap(cls.step) for cls in _SCALING) and \
-        all(group.get("fused") for group in optimizer.param_groups)
+    if not any(step is inspect.unwrap(cls.step) for cls in _SCALING) or \
+            not all(group.get("fused") for group in optimizer.param_groups):
+        return False
+    if isinstance(optimizer, torch.optim.SGD):
+        return all(optimizer.state.get(p, {}).get("momentum_buffer") is not None
+                   for group in optimizer.param_groups if group["momentum"]
+                   for p in group["params"])
+    return True
 
 
 def _probe_step(model, args, kwargs, amp: str) -> None:
@@ -865,17 +886,22 @@ def _batch_samples(batch) -> int:
         return 0
 
 
-def _remove_function_mode(mode) -> None:
-    """Take `mode` off torch's function mode stack, the modes above it put back as they were
-    (torch.overrides' _push_mode / _pop_mode are these calls)."""
-    above = []
-    while torch._C._len_torch_function_stack():
-        top = torch._C._pop_torch_function_stack()
-        if top is mode:
-            break
-        above.append(top)
-    for other in reversed(above):
-        torch._C._push_on_torch_function_stack(other)
+def _move_request(name: str, args, kwargs):
+    """(device, dtype, memory_format) that a call `tensor.to(*args, **kwargs)` (or
+    `.cuda(...)`) asks for; Nones where it cannot be read (torch's own call then says why)."""
+    try:
+        if name == "to":
+            if kwargs.get("copy"):
+                return None, None, None
+            device, dtype, _, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+            return device, dtype, memory_format
+        device = args[0] if args else kwargs.get("device")
+        memory_format = args[2] if len(args) > 2 else kwargs.get("memory_format")
+        if device is None or isinstance(device, int):
+            device = torch.device("cuda", device)
+        return torch.device(device), None, memory_format
+    except Exception:
+        return None, None, None
 
 
 def _tensors(args, kwargs):

@@ -1,140 +1,173 @@
 """Your loop's copies of its batches to the GPU, learned and then made ahead (nt.watch).
 
-A loop of your own moves each batch itself (`xb, yb = xb.to(device), yb.to(device)`).
-Over its first step the watch notes which of the batch's tensors it copied to a CUDA
-device (`MoveLog`). Where it copied every one to the same device, the watch hands it the
-next batches already there, copied from pinned memory on a side stream one step ahead
-(prefetch.copied_ahead); the loop's own `.to(device)` then returns the tensor it is
-given, as torch's `Tensor.to` does for a tensor already on that device. A loop that
-keeps a tensor on the CPU (labels for a metric, an index) gets its batches as before.
+A loop of your own copies each batch itself (`xb, yb = xb.to(device), yb.to(device)`).
+Over its first step the watch notes which of the batch's CPU tensors the loop copies to
+a CUDA device (`MoveLog`, fed by the watch's `Tensor.to` / `Tensor.cuda`). From the
+third batch on (`AheadCopies`) those tensors are copied to that device one batch ahead,
+on a side stream while the step before computes, and the loop's own `.to(device)` on a
+tensor of the batch it was given returns the copy made for it instead of copying then.
+The loop still gets its loader's own batches, on the CPU: a tensor it also uses there (a
+metric against CPU labels, `.numpy()`, a print), in any step, is the tensor it always was.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from .nested import map_tensors, tensors
+from .prefetch import _Unmarked, copied_ahead
+
+GPU = "cuda"   # the device type copied to (a test stands in "meta" for it on a CPU)
 
 
-# What reads a tensor's metadata only: the same answer on the GPU (shape, dtype, len)
-_METADATA = frozenset({"__get__", "__len__", "size", "dim", "numel", "is_pinned",
-                       "element_size", "stride", "is_contiguous"})
-
-
-class MoveLog(TorchFunctionMode):
-    """What the loop does with one batch's tensors until the next batch arrives: which it
-    copies to a CUDA device (`Tensor.to`, `Tensor.cuda`) and which it also uses where
-    they are (an op on the CPU tensor: a metric against CPU labels, `.numpy()`, a
-    print). Active (a torch function mode, so every torch call passes through it) over
-    the loop's first step only."""
+class MoveLog:
+    """Which CPU tensors of one batch the loop copied to a CUDA device (`.to`, `.cuda`)
+    before the next batch arrived."""
 
     def __init__(self, batch):
-        super().__init__()
         self.tensors = tensors(batch)   # kept alive until the verdict: their ids name them
         self._positions = {id(t): i for i, t in enumerate(self.tensors)}
-        self.moved = {}                 # position in the batch -> the device it went to
-        self.used = set()               # positions used by another op, where they were
+        self.moved: Dict[int, torch.device] = {}   # position in the batch -> where it went
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        result = func(*args, **(kwargs or {}))
-        name = getattr(func, "__name__", "")
-        if name not in _METADATA:
-            self._note(name, args, kwargs or {}, result)
-        return result
-
-    def _note(self, name: str, args, kwargs, result) -> None:
-        first = args[0] if args else None
-        if name in ("to", "cuda") and id(first) in self._positions and \
-                isinstance(result, torch.Tensor) and result.is_cuda:
-            self.moved[self._positions[id(first)]] = result.device
-            return
-        self.note_uses((*args, *kwargs.values()))
-
-    def note_uses(self, values) -> None:
-        """`values` (arguments, and the items of list and tuple ones) were used as they are."""
-        for value in values:
-            for item in (value if isinstance(value, (list, tuple)) else (value,)):
-                position = self._positions.get(id(item))
-                if position is not None:
-                    self.used.add(position)
+    def note(self, tensor, result) -> None:
+        """`tensor.to(...)` (or `.cuda(...)`) returned `result`."""
+        position = self._positions.get(id(tensor))
+        if position is not None and tensor.is_cpu and isinstance(result, torch.Tensor) \
+                and result.device.type == GPU:
+            self.moved[position] = result.device
 
     def target(self) -> Optional[torch.device]:
-        """The CUDA device the loop copied its whole batch to and used it on only; None
-        if it kept or used a tensor where it was, or sent them to several devices."""
+        """The one CUDA device the loop copied its batch's tensors to; None if it copied
+        none, or to several devices."""
         devices = set(self.moved.values())
-        if not self.tensors or len(self.moved) != len(self.tensors) or self.used \
-                or len(devices) != 1:
-            return None
-        return devices.pop()
+        return devices.pop() if len(devices) == 1 else None
 
-    def kept(self) -> str:
-        """What the loop did instead of moving its whole batch, for the reason text."""
-        n = len(self.tensors)
-        if not n:
+    def why_none(self) -> str:
+        if not self.tensors:
             return "your loader's batches hold no tensor"
-        if self.used:
-            return (f"your loop uses {len(self.used)} of its batch's {n} tensors on the CPU "
-                    "(only a batch that goes to the GPU whole and is used there is copied "
-                    "ahead)")
-        if not self.moved:
-            return "your loop copied none of its batch's tensors to a GPU in its first step"
-        if len(set(self.moved.values())) > 1:
+        if self.moved:
             return "your loop copies its batch's tensors to several GPUs"
-        return (f"your loop keeps {n - len(self.moved)} of its batch's {n} tensors on the "
-                "CPU (only a batch moved whole is copied ahead)")
+        if not any(t.is_cpu for t in self.tensors):
+            return "your loader's batches are on the GPU already"
+        return "your loop copied none of its batch's tensors to a GPU in its first step"
 
 
 def resolve_copies(pin_memory, prefetch, log: Optional[MoveLog], loader_pins: bool,
-                   batched: bool) -> Tuple[Tuple[bool, str], Tuple[bool, str]]:
+                   can_pin: bool) -> Tuple[Tuple[bool, str], Tuple[bool, str]]:
     """((pin, why), (prefetch, why)) for a watched loop on CUDA, after its first step.
     `pin_memory`, `prefetch`: the settings (True, False or "auto"); `loader_pins`: the
-    loop's DataLoader pins already; `batched`: the watch fetches its batches with one
-    index op (which can write into pinned memory at no extra cost)."""
+    loop's DataLoader pins already; `can_pin`: the watch can give the batches in pinned
+    memory (its batched fetch, a plain list, tuple or dict batch, or its workers)."""
     target = log.target() if log is not None else None
-    why_not = log.kept() if log is not None else "your loop iterates no DataLoader"
+    pinned = loader_pins or (pin_memory is not False and can_pin)
+    why_pageable = ("pin_memory=False" if pin_memory is False else
+                    "your loader's batches are of a type of their own, which the watch cannot "
+                    "pin (DataLoader(pin_memory=True) can)")
     if prefetch is False:
         ahead = False, "asked for"
     elif target is None:
-        ahead = False, ("not possible: " if prefetch is True else "") + why_not
+        ahead = False, ("not possible: " if prefetch is True else "") + (
+            log.why_none() if log is not None else "your loop iterates no DataLoader")
+    elif not pinned and prefetch == "auto":
+        ahead = False, "from pageable memory a copy ahead overlaps little: " + why_pageable
     else:
-        ahead = True, (f"your loop copies its whole batch to {target}: batch k+1 is copied "
-                       "there from pinned memory on a side stream while step k computes, and "
-                       "your .to(device) finds it there")
-    asked = "asked for: " if pin_memory is True else ""
+        ahead = True, (f"your loop copies {len(log.moved)} of its batch's {len(log.tensors)} "
+                       f"tensors to {target}: each is copied there one batch ahead on a side "
+                       "stream while the step before computes, and your .to(device) returns "
+                       "that copy" + ("" if pinned else f" (from pageable memory: {why_pageable})"))
     if loader_pins:
         pin = True, "your loop's own (DataLoader(pin_memory=True))"
     elif pin_memory is False:
         pin = False, "asked for"
-    elif ahead[0]:
-        pin = True, asked + "the copies ahead are made from pinned memory (only those overlap)"
-    elif batched and log is not None and log.moved:
-        pin = True, asked + ("the batched fetch writes each batch into pinned memory: your "
-                             "loop's copy to the GPU is faster, and asynchronous where it "
-                             "passes non_blocking=True")
+    elif not ahead[0]:
+        pin = False, "no copies ahead to pin for"
+    elif not can_pin:
+        pin = False, why_pageable
     else:
-        pin = False, "nothing to pin: " + (why_not if prefetch is not False
-                                           else "no copies ahead (prefetch_to_device=False)")
+        pin = True, ("asked for: " if pin_memory is True else "") + (
+            "the batches are made in pinned memory, where a copy ahead overlaps the step")
     return pin, ahead
 
 
+class AheadCopies:
+    """The batch tensors at `positions` copied to `device` one batch ahead on `stream`,
+    and handed to the loop's `.to(device)` for the batch it was given last."""
+
+    def __init__(self, positions, device: torch.device, pin: bool):
+        self.positions, self.device, self.pin = frozenset(positions), device, pin
+        self.stream = torch.cuda.Stream(device)
+        self.ready: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}   # id(cpu) -> (cpu, copy)
+
+    def batches(self, batches, markers=_Unmarked()):
+        """`batches` as they come (pinned where `pin`), each one's copies queued on the side
+        stream before the one before it is handed out (prefetch.copied_ahead)."""
+        for batch, copies in copied_ahead(batches, self._copy, self.stream, self.device,
+                                          markers, record=_record_copies):
+            self.ready = copies
+            yield batch
+        self.ready = {}
+
+    def _copy(self, batch):
+        """(the batch, {id(cpu tensor): (it, its copy)}), the copies queued on the side
+        stream (copied_ahead calls this inside it)."""
+        if self.pin:
+            batch = map_tensors(_pinned, batch)
+        copies = {}
+        for position, tensor in enumerate(tensors(batch)):
+            if position in self.positions and tensor.is_cpu:
+                copies[id(tensor)] = (tensor, tensor.to(self.device, non_blocking=True))
+        return batch, copies
+
+    def take(self, tensor, device, dtype, memory_format) -> Optional[torch.Tensor]:
+        """The copy made ahead of `tensor`, once, where the loop's call asks for just that:
+        the same device, dtype and layout (anything else it copies itself)."""
+        found = self.ready.pop(id(tensor), None)
+        if found is None or found[0] is not tensor:
+            return None
+        copy = found[1]
+        if _same_device(device, copy.device) and dtype in (None, tensor.dtype) and \
+                memory_format in (None, torch.preserve_format):
+            return copy
+        return None
+
+
+def _same_device(asked: Optional[torch.device], copy: torch.device) -> bool:
+    """Whether `.to(asked)` means `copy`'s device ("cuda" alone: the current one)."""
+    if asked is None or asked.type != copy.type:
+        return False
+    if asked.index is not None:
+        return asked.index == copy.index
+    return copy.index is None or copy.index == torch.cuda.current_device()
+
+
+def _record_copies(moved, stream) -> None:
+    """The copies were allocated on the side stream and are used on `stream`
+    (Tensor.record_stream), so their memory is not handed out again while it reads them."""
+    for _, copy in moved[1].values():
+        copy.record_stream(stream)
+
+
+def _pinned(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.pin_memory() if tensor.is_cpu and not tensor.is_pinned() else tensor
+
+
+def plain(batch, depth: int = 4) -> bool:
+    """A batch of lists, tuples and dicts of tensors (default_collate's kinds): rebuilt
+    with pinned tensors it is the same kind of object (a BatchEncoding, a namedtuple or a
+    batch class would not be)."""
+    if isinstance(batch, torch.Tensor) or batch is None or isinstance(batch, (str, int, float)):
+        return True
+    if depth == 0 or type(batch) not in (list, tuple, dict):
+        return False
+    values = batch.values() if type(batch) is dict else batch
+    return all(plain(v, depth - 1) for v in values)
+
+
 def pinned_rows(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """`tensor.index_select(0, index)` written straight into pinned memory: no second
-    copy, as `.pin_memory()` after it would make."""
+    """`tensor.index_select(0, index)`, a CPU tensor's written straight into pinned memory:
+    no second copy, as `.pin_memory()` after it would make."""
+    if not tensor.is_cpu:
+        return tensor.index_select(0, index)
     out = torch.empty((len(index), *tensor.shape[1:]), dtype=tensor.dtype, pin_memory=True)
     return torch.index_select(tensor, 0, index, out=out)
-
-
-def ahead_mover(device: torch.device) -> Callable:
-    """What copies a batch ahead: each tensor pinned (if it is not yet) and copied
-    non_blocking, so the copy overlaps the step on the compute stream."""
-    def to_device(tensor: torch.Tensor) -> torch.Tensor:
-        if tensor.device.type != "cpu":
-            return tensor.to(device, non_blocking=True)
-        pinned = tensor if tensor.is_pinned() else tensor.pin_memory()
-        return pinned.to(device, non_blocking=True)
-
-    def move(batch):
-        return map_tensors(to_device, batch)
-    return move

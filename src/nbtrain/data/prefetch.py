@@ -50,11 +50,12 @@ class CudaPrefetcher:
 
 
 def copied_ahead(batches: Iterator, move: Callable, stream, device: torch.device,
-                 markers=_Unmarked()) -> Iterator:
+                 markers=_Unmarked(), record: Callable = _record_stream) -> Iterator:
     """`batches` moved by `move` on the side `stream`, one batch ahead of the one yielded:
     batch k+1's copy is queued before batch k is handed out, and the compute stream
-    waits for a copy on the GPU (the host does not block). fit's CudaPrefetcher and
-    nt.watch's copies of your loader's batches both come through here."""
+    waits for a copy on the GPU (the host does not block); `record(moved, stream)` tells
+    the allocator the compute stream uses it. fit's CudaPrefetcher and nt.watch's copies
+    of your loader's batches (data/moves.py) both come through here."""
     def copy_ahead():
         batch = next(batches, None)
         if batch is None:
@@ -71,7 +72,7 @@ def copied_ahead(batches: Iterator, move: Callable, stream, device: torch.device
         markers.wait_started()
         current.wait_stream(stream)
         markers.wait_done()
-        _record_stream(batch, current)
+        record(batch, current)
         try:
             ahead = copy_ahead()
         except Exception:
