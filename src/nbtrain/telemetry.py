@@ -275,7 +275,8 @@ class EndedInterval:
 
     def record(self, waited_s: float = 0.0) -> dict:
         self.wait()
-        values = self.losses.tolist() if self.losses is not None else []   # the host read
+        values = [] if self.losses is None else \
+            self.losses if type(self.losses) is list else self.losses.tolist()   # the host read
         finite = [v for v in values if math.isfinite(v)]
         elapsed, steps = self.elapsed + waited_s, max(self.steps, 1)
         record = {
@@ -310,6 +311,8 @@ def _start_reading(losses: list):
     """(losses on their way to host memory, the event that says they arrived)."""
     if not losses:
         return None, None
+    if all(type(v) is float for v in losses):   # read as they came (nt.watch on the CPU)
+        return losses, None
     stacked = torch.stack(losses).float()
     if stacked.device.type != "cuda":
         return stacked, None   # CPU: already there; MPS: read (and synced) at record time

@@ -63,6 +63,7 @@ NOT_YET = {
     "persistent_workers": "the workers nt.watch starts are kept across epochs already",
 }
 KEPT = "your loop's own"
+_item = torch._C.TensorBase.item   # torch's own, under the watch's counting wrapper
 READS = ("item", "tolist")   # the host reads counted when the tensor has a graph, too
 READS_COUNTED_FOR = 100   # steps; then the rate counted stands (_stop_counting_reads)
 
@@ -131,6 +132,7 @@ class Watcher:
         self._reads_counted = []        # (host reads, steps) of each interval so far
         self._reads_per_step = 0.0      # the rate they counted
         self._losses = deque(maxlen=8)  # weak references to recent losses (kept graphs)
+        self._keeps_losses = False      # the loop keeps them (seen over READS_COUNTED_FOR steps)
         self._optimizers = weakref.WeakSet()
         self._training_loader = None
         self._at_boundary = True
@@ -324,8 +326,8 @@ class Watcher:
 
         def backward(tensor, *args, **kwargs):
             if not watcher._inside:
-                if watcher._at_boundary:
-                    watcher._stop_if_asked()
+                if watcher._at_boundary and watcher.run.stop_requested:
+                    raise StopWatching()
                 watcher._on_backward(tensor)
                 if watcher.scaler is not None:   # fp16: the gradients of the scaled loss
                     watcher._update_scale()
@@ -423,12 +425,17 @@ class Watcher:
     def _on_backward(self, loss: torch.Tensor) -> None:
         if self.interval is None:
             self._ensure_interval(loss.device)
-        value = loss.detach()
-        self.interval.add(value if value.dim() == 0 else value.float().mean(), self._samples)
+        if loss.is_cpu and loss.dim() == 0:   # read now: on the CPU no sync, and cheaper than
+            value = _item(loss)                 # a detached tensor stacked at the record
+        else:
+            value = loss.detach()
+            value = value if value.dim() == 0 else value.float().mean()
+        self.interval.add(value, self._samples)
         self._samples = 0
         self._backwards += 1
         self._at_boundary = False
-        self._losses.append(weakref.ref(loss))
+        if self._read_patches:   # kept losses are looked for over the host reads' steps
+            self._losses.append(weakref.ref(loss))
 
     def _ensure_interval(self, device: torch.device) -> None:
         if self.interval is None:
@@ -484,6 +491,9 @@ class Watcher:
         if self._read_patches:
             reads = self._host_reads
             self._reads_counted.append((reads, interval.steps))
+            # a loss still alive after its step: the loop keeps it, and with it its graph
+            self._keeps_losses = any((t := ref()) is not None and t.requires_grad
+                                     for ref in list(self._losses)[:-1])
             if self.run.step >= READS_COUNTED_FOR:
                 self._stop_counting_reads()
         else:
@@ -491,9 +501,7 @@ class Watcher:
         interval.count("host_reads", reads)
         if self._collates_tensors:   # every sample of the training loader's batches
             interval.count("collated_samples", interval.samples)
-        # a loss still alive after its step: the loop keeps it, and with it its graph
-        interval.count("kept_losses", interval.steps * any(
-            (t := ref()) is not None and t.requires_grad for ref in list(self._losses)[:-1]))
+        interval.count("kept_losses", interval.steps * self._keeps_losses)
         self._host_reads = 0
         self._inside = True   # the record's reads of the losses are not the loop's
         try:
@@ -513,6 +521,7 @@ class Watcher:
         for undo in self._read_patches:
             undo()
         self._read_patches = []
+        self._losses.clear()
 
     def _stop_if_asked(self) -> None:
         """End the loop at the step boundary: after a finished step, before the next one
@@ -539,8 +548,8 @@ class Watcher:
             batches = self._copied_ahead(batches)
         epoch_start, waited = time.perf_counter(), 0.0
         while True:
-            if self._at_boundary:
-                self._stop_if_asked()
+            if self._at_boundary and self.run.stop_requested:   # see _stop_if_asked
+                raise StopWatching()
             start = time.perf_counter()
             try:
                 batch = next(batches)
