@@ -268,10 +268,10 @@ def test_the_watch_times_a_loop_on_the_gpu_with_one_event_at_each_steps_start():
 
 # -- nt.watch on CUDA: your loop's copies of its batch, learned over step 1 -----------------
 def moving_loop(model, opt, loader, seen, keep_targets_on_cpu=False):
-    """The tutorial loop with its own .to(device); notes each batch as the loop gets it
-    (where, pinned); with `keep_targets_on_cpu` it also scores against the CPU labels."""
+    """The tutorial loop with its own .to(device); notes each batch as the loop gets it;
+    with `keep_targets_on_cpu` it also scores against the CPU labels."""
     for xb, yb in loader:
-        seen.append((xb.device.type, xb.is_pinned()))
+        seen.append((xb, yb))
         out = model(xb.to("cuda", non_blocking=True))
         if keep_targets_on_cpu:
             (out.argmax(1).cpu() == yb).float().mean()   # yb must still be on the CPU
@@ -309,9 +309,12 @@ def test_the_watch_copies_a_loops_batches_ahead_and_its_own_to_gets_them(monkeyp
     assert run.resolved["prefetch_to_device"][0] is True, run.resolved["prefetch_to_device"]
     assert run.resolved["pin_memory"][0] is True
     # the loop gets its loader's CPU batches, pinned from the third (the batched fetch)
-    assert all(where == "cpu" for where, _ in seen) and all(p for _, p in seen[2:]), seen
+    assert all(xb.device.type == yb.device.type == "cpu" for xb, yb in seen)
+    assert all(xb.is_pinned() and yb.is_pinned() for xb, yb in seen[2:])
     # from the third batch each of the loop's .to found the copy made ahead
-    assert handed and all(handed) and len(handed) == 2 * (len(seen) - 2)
+    found = {key for key, copied in handed if copied}
+    assert all(id(xb) in found and id(yb) in found for xb, yb in seen[2:])
+    assert not found & {id(t) for pair in seen[:2] for t in pair}
     assert (torch.Tensor.to, torch.Tensor.cuda) == originals
     # the same batches, the same numbers: the weights of the loop unwatched
     plain, plain_opt, plain_loader = cuda_loop_parts()
@@ -322,7 +325,7 @@ def test_the_watch_copies_a_loops_batches_ahead_and_its_own_to_gets_them(monkeyp
 
 def _noting(handed, take, self, tensor, asked):
     copy = take(self, tensor, *asked)
-    handed.append(copy is not None)
+    handed.append((id(tensor), copy is not None))
     return copy
 
 

@@ -633,7 +633,7 @@ class Watcher:
     def _describe_loader(self, loader) -> None:
         resolved, cfg = self.run.resolved, self.run.config
         resolved.setdefault("num_workers", (loader.num_workers, KEPT))
-        resolved.setdefault("pin_memory", (loader.pin_memory, KEPT))
+        resolved.setdefault("pin_memory", self._pin_as_found(loader))
         resolved.setdefault("prefetch_to_device", (False, self._why_no_copies_ahead()))
         why_not = _why_not_batchable(loader)
         possible = not why_not
@@ -648,6 +648,16 @@ class Watcher:
         resolved["batched_fetch"] = (bool(self.optimize and possible
                                           and cfg.batched_fetch is not False), why)
         self._collates_tensors = possible and not resolved["batched_fetch"][0]
+
+    def _pin_as_found(self, loader) -> tuple:
+        """pin_memory until step 1 shows what the loop copies (_follow_copies), or for good."""
+        if loader.pin_memory or self.run.config.pin_memory is not True or self._copies_pending:
+            return loader.pin_memory, KEPT
+        if not torch.cuda.is_available():
+            return False, "asked for, but there is no CUDA device: nothing to pin for"
+        return False, ("asked for, but the watch pins only what it copies ahead (here "
+                       "prefetch_to_device=False): DataLoader(pin_memory=True) pins your "
+                       "loader's batches")
 
     def _why_no_copies_ahead(self) -> str:
         """Until step 1 shows what the loop copies (_follow_copies), or for good."""
