@@ -1,4 +1,5 @@
 """The data path: batched fetch, loader settings, workers under every start method, LMDB."""
+import collections
 import os
 import signal
 import sys
@@ -161,6 +162,9 @@ def test_nested_batches_move_as_a_whole():
     moved = move(batch)
     assert moved["x"].is_meta and moved["pair"][0].is_meta and moved["pair"][1][0].is_meta
     assert moved["n"] == 3 and isinstance(moved["pair"], tuple)
+    Pair = collections.namedtuple("Pair", "x y")   # what default_collate makes of namedtuples
+    moved = move(Pair(torch.zeros(2), torch.ones(2)))
+    assert type(moved) is Pair and moved.x.is_meta and moved.y.is_meta
 
 
 class Squares(torch.utils.data.Dataset):

@@ -526,9 +526,10 @@ def test_the_move_log_notes_cpu_tensors_the_loop_copies_to_the_gpu(monkeypatch):
     monkeypatch.setattr(moves, "GPU", "meta")   # stands in for CUDA on a CPU
     xb, yb = torch.zeros(4, 3), torch.zeros(4, dtype=torch.long)
     log = MoveLog([xb, yb])
-    log.note(xb, xb.to("meta"))
-    log.note(torch.zeros(1), torch.zeros(1, device="meta"))   # not one of the batch's
-    log.note(yb, yb.float())                                   # a copy on the CPU
+    log.note(xb, xb.to("meta"), None, None)
+    log.note(torch.zeros(1), torch.zeros(1, device="meta"), None, None)   # not the batch's
+    log.note(yb, yb.float(), torch.float32, None)                        # a copy on the CPU
+    log.note(yb, yb.to("meta", torch.float16), torch.float16, None)     # converts: no copy ahead
     assert log.moved == {0: torch.device("meta")} and log.target() == torch.device("meta")
     assert moves.plain([xb, {"a": yb, "b": [xb]}, "name", 3])
     assert not moves.plain(collections.namedtuple("Batch", "x y")(xb, yb))
@@ -674,6 +675,28 @@ def test_channels_last_lays_out_the_weights_and_inputs_in_nhwc_for_the_watch_onl
     for a, b in zip(reference.parameters(), watched.parameters()):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
     assert_left_as_found()
+
+
+def test_a_copy_ahead_goes_only_to_a_plain_move_of_the_tensor_as_it_was_copied(monkeypatch):
+    from nbtrain.data import moves
+    monkeypatch.setattr(moves, "GPU", "meta")
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: None)
+    meta = torch.device("meta")
+    ahead = moves.AheadCopies({0, 1}, meta, pin=False)
+    Pair = collections.namedtuple("Pair", "x y")   # default_collate keeps namedtuples
+    batch, copies = ahead._copy(Pair(torch.zeros(4, 3), torch.zeros(4)))
+    assert type(batch) is Pair and set(copies) == {id(batch.x), id(batch.y)}
+    ahead.ready = dict(copies)
+    x, y = batch
+    assert ahead.take(x, None, torch.float16, None) is None   # x.to(float16): no GPU asked
+    assert ahead.take(x, meta, torch.float16, None) is None   # to the GPU, converting
+    ahead.ready = dict(copies)
+    assert ahead.take(x, meta, None, None) is copies[id(x)][1]   # x.to(device): the copy
+    assert ahead.take(x, meta, None, None) is None               # once
+    y.add_(1)   # changed in place after its copy was made: the loop copies it itself
+    assert ahead.take(y, meta, None, None) is None
+    ahead.clear()
+    assert ahead.ready == {}
 
 
 def test_the_copies_ahead_reach_the_loops_own_to_with_meta_standing_in_for_cuda(monkeypatch):

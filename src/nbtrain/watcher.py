@@ -34,6 +34,7 @@ from collections import deque
 from typing import Optional
 
 import torch
+from torch.compiler import is_compiling
 from torch.optim.optimizer import (register_optimizer_step_post_hook,
                                    register_optimizer_step_pre_hook)
 from torch.utils.data import (BatchSampler, DataLoader, IterableDataset, RandomSampler,
@@ -214,6 +215,9 @@ class Watcher:
         """Undo every hook and patch, last first, whatever else fails."""
         self._exit_autocast()
         self._take_back_scale()   # a step that failed: no post hook took them back
+        self._moves = None        # a batch and its copies on the GPU, not kept past the watch
+        if self._ahead is not None:
+            self._ahead.clear()
         while self._undo:
             with contextlib.suppress(Exception):
                 self._undo.pop()()
@@ -263,6 +267,8 @@ class Watcher:
         setup_s = time.perf_counter() - started
         self.run.resolved["setup_s"] = (round(setup_s, 4), "measuring on the first batch (bf16 "
                                         "probe, FLOP count), before its backward")
+        if self._copies_pending and self._training_loader is None:
+            self._no_copies("your loop iterates no DataLoader (its model ran before any batch)")
         self.interval.reset(self.run.step)   # the measuring is no step's time
         self.interval.step_starts()
         self._to_channels_last = self.optimize and self.run.config.channels_last is True
@@ -711,6 +717,13 @@ class Watcher:
                                   pin=pin and not batched and not loader.pin_memory)
         return self._copied_ahead(batches)
 
+    def _no_copies(self, why: str) -> None:
+        """Nothing will be copied ahead: torch's own Tensor.to and .cuda again."""
+        self._copies_pending, self._moves = False, None
+        for undo in self._copy_patches:
+            undo()
+        self.run.resolved["prefetch_to_device"] = (False, why)
+
     def _copied_ahead(self, batches):
         markers = {} if self.interval is None else {"markers": self.interval}   # times the waits
         return self._ahead.batches(batches, **markers)
@@ -723,14 +736,16 @@ class Watcher:
 
         def wrap(original):
             def moved(tensor, *args, **kwargs):
+                if watcher._inside or is_compiling():   # traced code: torch's own, as it is
+                    return original(tensor, *args, **kwargs)
                 ahead = watcher._ahead
-                if ahead is not None and ahead.ready and not watcher._inside:
+                if ahead is not None and ahead.ready:
                     copy = ahead.take(tensor, *_move_request(name, args, kwargs))
                     if copy is not None:
                         return copy
                 result = original(tensor, *args, **kwargs)
-                if watcher._moves is not None and not watcher._inside:
-                    watcher._moves.note(tensor, result)
+                if watcher._moves is not None:
+                    watcher._moves.note(tensor, result, *_move_request(name, args, kwargs)[1:])
                 return result
             return moved
         return wrap

@@ -30,11 +30,13 @@ class MoveLog:
         self._positions = {id(t): i for i, t in enumerate(self.tensors)}
         self.moved: Dict[int, torch.device] = {}   # position in the batch -> where it went
 
-    def note(self, tensor, result) -> None:
-        """`tensor.to(...)` (or `.cuda(...)`) returned `result`."""
+    def note(self, tensor, result, dtype, memory_format) -> None:
+        """`tensor.to(...)` (or `.cuda(...)`) returned `result`; `dtype`, `memory_format`:
+        what the call asked for besides the device. Only a plain copy counts: a copy ahead
+        could not serve one that also converts (AheadCopies.take)."""
         position = self._positions.get(id(tensor))
         if position is not None and tensor.is_cpu and isinstance(result, torch.Tensor) \
-                and result.device.type == GPU:
+                and result.device.type == GPU and _just_moved(tensor, dtype, memory_format):
             self.moved[position] = result.device
 
     def target(self) -> Optional[torch.device]:
@@ -50,7 +52,8 @@ class MoveLog:
             return "your loop copies its batch's tensors to several GPUs"
         if not any(t.is_cpu for t in self.tensors):
             return "your loader's batches are on the GPU already"
-        return "your loop copied none of its batch's tensors to a GPU in its first step"
+        return ("your loop copied none of its batch's tensors to a GPU as they are (a copy "
+                "that also converts dtype or layout is left to it) in its first step")
 
 
 def resolve_copies(pin_memory, prefetch, log: Optional[MoveLog], loader_pins: bool,
@@ -97,7 +100,8 @@ class AheadCopies:
     def __init__(self, positions, device: torch.device, pin: bool):
         self.positions, self.device, self.pin = frozenset(positions), device, pin
         self.stream = torch.cuda.Stream(device)
-        self.ready: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}   # id(cpu) -> (cpu, copy)
+        # id(cpu tensor) -> (it, its copy, its version when copied), for the last batch out
+        self.ready: Dict[int, Tuple[torch.Tensor, torch.Tensor, int]] = {}
 
     def batches(self, batches, markers=_Unmarked()):
         """`batches` as they come (pinned where `pin`), each one's copies queued on the side
@@ -116,20 +120,32 @@ class AheadCopies:
         copies = {}
         for position, tensor in enumerate(tensors(batch)):
             if position in self.positions and tensor.is_cpu:
-                copies[id(tensor)] = (tensor, tensor.to(self.device, non_blocking=True))
+                copies[id(tensor)] = (tensor, tensor.to(self.device, non_blocking=True),
+                                      tensor._version)
         return batch, copies
 
     def take(self, tensor, device, dtype, memory_format) -> Optional[torch.Tensor]:
         """The copy made ahead of `tensor`, once, where the loop's call asks for just that:
-        the same device, dtype and layout (anything else it copies itself)."""
+        the same device, dtype and layout, and the tensor unchanged since it was copied
+        (an in-place edit, `xb.sub_(mean)`, bumps its version). Anything else the loop
+        copies itself; a call to no GPU leaves the copy for a later one."""
+        if device is None or device.type != GPU:
+            return None
         found = self.ready.pop(id(tensor), None)
         if found is None or found[0] is not tensor:
             return None
-        copy = found[1]
-        if _same_device(device, copy.device) and dtype in (None, tensor.dtype) and \
-                memory_format in (None, torch.preserve_format):
+        _, copy, version = found
+        if _same_device(device, copy.device) and _just_moved(tensor, dtype, memory_format) \
+                and tensor._version == version:
             return copy
         return None
+
+    def clear(self) -> None:
+        self.ready = {}
+
+
+def _just_moved(tensor: torch.Tensor, dtype, memory_format) -> bool:
+    return dtype in (None, tensor.dtype) and memory_format in (None, torch.preserve_format)
 
 
 def _same_device(asked: Optional[torch.device], copy: torch.device) -> bool:
@@ -144,7 +160,7 @@ def _same_device(asked: Optional[torch.device], copy: torch.device) -> bool:
 def _record_copies(moved, stream) -> None:
     """The copies were allocated on the side stream and are used on `stream`
     (Tensor.record_stream), so their memory is not handed out again while it reads them."""
-    for _, copy in moved[1].values():
+    for _, copy, _ in moved[1].values():
         copy.record_stream(stream)
 
 

@@ -35,7 +35,13 @@ def map_tensors(fn: Callable, batch):
 
 def map_leaves(fn: Callable, batch):
     """`batch` with `fn(x)` for every leaf `x`, tensor or not, rebuilt as map_tensors does."""
-    return _rebuild(batch, fn, lambda seq, parts: type(seq)(parts), dict)
+    return _rebuild(batch, fn, _same_kind, dict)
+
+
+def _same_kind(seq, parts):
+    """`parts` as a sequence of `seq`'s type: a namedtuple (default_collate keeps them)
+    takes its fields as arguments, a tuple or list the parts as one iterable."""
+    return type(seq)(*parts) if hasattr(seq, "_fields") else type(seq)(parts)
 
 
 def tensors(batch) -> List[torch.Tensor]:
