@@ -709,8 +709,7 @@ class Watcher:
             can_pin=batched or plain(batch))
         resolved["pin_memory"], resolved["prefetch_to_device"] = (pin, why_pin), (ahead, why_ahead)
         if not ahead:
-            for undo in self._copy_patches:   # nothing to hand out: torch's own methods
-                undo()
+            self._no_copies(why_ahead)
             return batches
         self._pin = pin and batched   # the batched fetch writes pinned rows itself
         self._ahead = AheadCopies(log.moved, log.target(),
