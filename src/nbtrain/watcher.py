@@ -60,7 +60,7 @@ OWN_LOOP_FIELDS = ("amp", "batched_fetch", "pin_memory", "prefetch_to_device", "
                    "num_threads", "optimizer_impl", "channels_last", "log_every", "count_flops",
                    "telemetry", "history_limit", "on_nan")
 # Settings a watch does not apply: asked for, they are refused rather than ignored.
-NOT_YET = {
+NOT_APPLIED = {
     "persistent_workers": "the workers nt.watch starts are kept across epochs already",
 }
 KEPT = "your loop's own"
@@ -87,9 +87,9 @@ def own_loop_config(config, settings: dict) -> TrainConfig:
     changed = [name for name in SETTINGS if name in settings
                or getattr(base, name) != getattr(defaults, name)]
     for name in changed:
-        if name in NOT_YET:
-            raise ConfigError(f"TrainConfig.{name} is not applied to a loop of your own yet: "
-                              f"{NOT_YET[name]}.", field=name)
+        if name in NOT_APPLIED:
+            raise ConfigError(f"TrainConfig.{name} is not applied to a loop of your own: "
+                              f"{NOT_APPLIED[name]}.", field=name)
     if settings.get("on_nan", base.on_nan) == "skip":
         raise ConfigError("TrainConfig.on_nan='skip' would skip your loop's update, which "
                           "runs in your code: nt.watch takes on_nan='stop' (a non-finite loss "
