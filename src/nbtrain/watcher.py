@@ -8,7 +8,8 @@ watch only:
   (`register_optimizer_step_pre_hook` / `_post_hook`); several `backward` per step
   (gradient accumulation) and several optimizers stepping on one backward are one step;
 - the loss is the tensor `Tensor.backward` ran on, detached and kept on the device (the
-  Interval reads it once per `log_every` steps, as in fit);
+  Interval reads it once per `log_every` steps, as in fit; on the CPU, where a read is no
+  sync, it is read at once);
 - the model is the first module called with trainable parameters; samples are counted
   from the training DataLoader's batches, or, where the loop iterates none (or autocast
   or channels_last change the forward), from the batch the model's outermost forward
@@ -44,8 +45,8 @@ from . import checkpoint as ckpt
 from . import flops
 from .config import SETTINGS, ConfigError, TrainConfig, as_config
 from .data import shippable
-from .data.batches import batch_chunks, stop_workers
-from .data.moves import AheadCopies, MoveLog, pinned_rows, plain, resolve_copies
+from .data.batches import batch_chunks, pinned_rows, stop_workers
+from .data.moves import AheadCopies, MoveLog, plain, resolve_copies
 from .data.nested import batch_len
 from .devices import available_cores, cpu_bf16_choice, cpu_bf16_feature, gpu_has_bf16
 from .loop import flush_interval, log_interval
@@ -332,8 +333,8 @@ class Watcher:
 
         def backward(tensor, *args, **kwargs):
             if not watcher._inside:
-                if watcher._at_boundary and watcher.run.stop_requested:
-                    raise StopWatching()
+                if watcher._at_boundary:
+                    watcher._stop_if_asked()
                 watcher._on_backward(tensor)
                 if watcher.scaler is not None:   # fp16: the gradients of the scaled loss
                     watcher._update_scale()
@@ -554,8 +555,8 @@ class Watcher:
             batches = self._copied_ahead(batches)
         epoch_start, waited = time.perf_counter(), 0.0
         while True:
-            if self._at_boundary and self.run.stop_requested:   # see _stop_if_asked
-                raise StopWatching()
+            if self._at_boundary:
+                self._stop_if_asked()
             start = time.perf_counter()
             try:
                 batch = next(batches)
@@ -803,8 +804,8 @@ class Watcher:
         else:
             state = "failed" if error is not None else "finished"
         if self._copies_pending and self._training_loader is not None:
-            run.resolved["prefetch_to_device"] = (False, "your loop took no second batch from "
-                                                         "its loader: nothing to copy ahead")
+            self._no_copies("your loop took no second batch from its loader: nothing to "
+                            "copy ahead")
         if interval is not None:
             with contextlib.suppress(Exception):   # the user's error is the one to report
                 interval.drop_unfinished_step()

@@ -22,6 +22,15 @@ def batch_chunks(order: torch.Tensor, batch_size: int) -> tuple:
     return order.split(min(batch_size, max(len(order), 1)))
 
 
+def pinned_rows(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """`tensor.index_select(0, index)`, a CPU tensor's written straight into page-locked
+    memory: one pass over the batch, not a gather then a pin."""
+    if not tensor.is_cpu:
+        return tensor.index_select(0, index)
+    out = torch.empty((len(index), *tensor.shape[1:]), dtype=tensor.dtype, pin_memory=True)
+    return torch.index_select(tensor, 0, index, out=out)
+
+
 def epoch_order(n: int, shuffle: bool, seed: int, epoch: int) -> torch.Tensor:
     """Sample order of one epoch; its own generator leaves the global RNG alone."""
     if not shuffle:
@@ -117,11 +126,7 @@ class TensorBatches(EpochPlan):
             yield tuple([self._gather(t, idx) for t in self.tensors])
 
     def _gather(self, tensor: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        if not self.pin:
-            return tensor.index_select(0, idx)
-        # straight into page-locked memory: one pass over the batch, not a gather then a pin
-        out = torch.empty((len(idx), *tensor.shape[1:]), dtype=tensor.dtype, pin_memory=True)
-        return torch.index_select(tensor, 0, idx, out=out)
+        return pinned_rows(tensor, idx) if self.pin else tensor.index_select(0, idx)
 
 
 class EpochBatchSampler(EpochPlan):

@@ -179,11 +179,3 @@ def plain(batch, depth: int = 4) -> bool:
     values = batch.values() if type(batch) is dict else batch
     return all(plain(v, depth - 1) for v in values)
 
-
-def pinned_rows(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """`tensor.index_select(0, index)`, a CPU tensor's written straight into pinned memory:
-    no second copy, as `.pin_memory()` after it would make."""
-    if not tensor.is_cpu:
-        return tensor.index_select(0, index)
-    out = torch.empty((len(index), *tensor.shape[1:]), dtype=tensor.dtype, pin_memory=True)
-    return torch.index_select(tensor, 0, index, out=out)
