@@ -1,6 +1,6 @@
 """Your own loop under nt.watch, against the same loop unwatched, in the same process.
 
-    python bench/own_loop.py [--repeats 9] [--epochs 3] [--device cuda]
+    python bench/own_loop.py [--repeats 9] [--epochs 3] [--device cuda] [--case MLP]
 
 The loop is the tutorial one (a DataLoader, `.to(device)` per batch, AdamW, `loss.item()`
 every step), written once below and run three ways per repeat, interleaved so machine
@@ -112,6 +112,8 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--device", default="cpu", help="where the loop trains: cpu or cuda")
+    parser.add_argument("--case", default="", help="only the cases whose name holds this "
+                        "(more rounds of one case in the same time)")
     args = parser.parse_args(argv)
     if args.device != "cpu" and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: this PyTorch sees no CUDA device")
@@ -120,6 +122,8 @@ def main(argv=None):
     print("| case | way | ms/step | vs as written | spread | diagnosis |\n"
           "|---|---|---:|---:|---:|---|")
     for label, make_model, make_data in cases():
+        if args.case not in label:
+            continue
         times, runs = measure(make_model, make_data, args.repeats, args.epochs, args.device)
         ratios = {}
         for name, values in times.items():

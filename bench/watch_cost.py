@@ -5,10 +5,11 @@
 The step is a 4-weight linear over a DataLoader of 64-row batches (backward, SGD), so
 what a watch adds is not hidden in the model's work. Each call times the steps after
 the first 200 (a watch's steady state: host reads and kept losses are looked for over
-its first 100), with the CPU time of the thread (torch on 1 thread), which a preempted
+its first 30), with the CPU time of the thread (torch on 1 thread), which a preempted
 call does not charge; the ways are interleaved, the order rotating (bench/rounds.py).
 Printed: the median µs a step of each way, and the median of the per-round differences
-to the loop as written, with their quartiles.
+to the loop as written, with their quartiles; then the Python bytecodes a watch adds to a
+step, counted (the same on every run), and where they run.
 
 Why microseconds and not a ratio: bench/instructions.py counts the watch's instructions
 (1-1.5% of an MLP's step), but they are the interpreter's, which run at a fraction of the
@@ -19,7 +20,9 @@ microseconds are what the watch costs that step.
 from __future__ import annotations
 
 import argparse
+import collections
 import statistics
+import sys
 import time
 
 import torch
@@ -48,6 +51,50 @@ WAYS = {
     "nt.watch(optimize=False)": dict(log_every=10),
     "nt.watch(optimize=False, log_every=1000000)": dict(log_every=10 ** 6),
 }
+
+
+def bytecodes_a_step(loader, weight, opt, watched: bool, steps=(200, 400)) -> collections.Counter:
+    """{(file, function): Python bytecodes a step} over `steps` of the loop, counted by an
+    opcode trace: the Python a watch adds, which no noise blurs (its time is what the
+    table measures)."""
+    counts = collections.Counter()
+
+    def trace(frame, event, arg):
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            code = frame.f_code
+            counts[code.co_filename.rsplit("/", 1)[-1], code.co_name] += 1
+        return trace
+
+    def loop():
+        for i, (xb,) in enumerate(loader):
+            if i == steps[0]:
+                sys.settrace(trace)
+            opt.zero_grad()
+            loss = (weight * xb).sum()
+            loss.backward()
+            opt.step()
+            if i == steps[1] - 1:
+                sys.settrace(None)
+    if watched:
+        with nt.watch(optimize=False, progress=False, count_flops=False, log_every=10):
+            loop()
+    else:
+        loop()
+    n = steps[1] - steps[0]
+    return collections.Counter({key: c / n for key, c in counts.items()})
+
+
+def print_bytecodes(loader, weight, opt) -> None:
+    plain = bytecodes_a_step(loader, weight, opt, watched=False)
+    watched = bytecodes_a_step(loader, weight, opt, watched=True)
+    added = watched.copy()
+    added.subtract(plain)
+    print(f"\nPython bytecodes a step (opcode trace, steps 200-400): as written "
+          f"{sum(plain.values()):.0f}, watched {sum(watched.values()):.0f} "
+          f"({sum(added.values()):+.0f}); the most added:")
+    for (file, function), n in added.most_common(8):
+        print(f"  {n:+6.1f}  {file}:{function}")
 
 
 def main(argv=None) -> None:
@@ -79,6 +126,7 @@ def main(argv=None) -> None:
         extra = "" if name == "as written" else \
             f"{statistics.median(added) * 1e6:+.1f} | {q1 * 1e6:+.1f} to {q3 * 1e6:+.1f}"
         print(f"| {name} | {statistics.median(values) * 1e6:.1f} | {extra or ' | '} |")
+    print_bytecodes(loader, weight, opt)
 
 
 if __name__ == "__main__":

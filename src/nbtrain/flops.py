@@ -215,12 +215,20 @@ def peak_tflops(device: torch.device, prec: str, threads: int) -> tuple:
 _PROBED: dict = {}   # this process's probes, by cache key
 
 
-def probed_peak(device: torch.device, prec: str, threads: int) -> tuple:
-    """The GEMM probe's figure for this machine, measured once and cached on disk; measured
-    again when the machine has become much quieter than it was then (see `_stale`)."""
+@functools.lru_cache(maxsize=None)
+def _peak_key(device: torch.device, prec: str, threads: int) -> tuple:
+    """(what the probe's figure depends on, its cache key): asked again at every run's
+    start (a re-run cell), and the same in one process."""
     machine = {"machine": machine_name(device), "precision": prec, "threads": threads,
                "host": platform.node(), "torch": torch.__version__}
     key = hashlib.sha256(json.dumps(machine, sort_keys=True).encode()).hexdigest()[:20]
+    return machine, key
+
+
+def probed_peak(device: torch.device, prec: str, threads: int) -> tuple:
+    """The GEMM probe's figure for this machine, measured once and cached on disk; measured
+    again when the machine has become much quieter than it was then (see `_stale`)."""
+    machine, key = _peak_key(device, prec, threads)
     path = cache_dir() / "peak" / f"{key}.json"
     if key not in _PROBED:
         try:

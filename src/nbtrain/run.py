@@ -152,6 +152,10 @@ class Run:
         """Whether the run is to end at the next step boundary (stop(), Ctrl-C, divergence)."""
         return self._stop.is_set()
 
+    def stop_check(self) -> Callable[[], bool]:
+        """`stop_requested` as a function, for a hook that asks at every step."""
+        return self._stop.is_set
+
     def interrupt(self) -> None:
         """Ctrl-C: stop at the step boundary, and end as "interrupted" rather than "stopped"."""
         self._interrupted = True

@@ -19,6 +19,8 @@ class HostTimer:
     the data wait is the host's time in next(). Sums floats as it goes: nothing is
     allocated per step."""
 
+    marks_steps = True   # its step_done counts (Interval.end_step calls it)
+
     def __init__(self, before=None):
         self.copy = self.busy = 0.0
         self._step_start = None
@@ -73,6 +75,8 @@ class CudaTimer:
     Reading an event needs it to have happened: `totals` waits for the interval's last
     one (the interval's single sync, shared with the loss read), never one per step.
     """
+
+    marks_steps = True
 
     def __init__(self, device: torch.device, before=None):
         self.steps = []       # per step: (waits, copies, step end, the host's wait in next())
@@ -140,6 +144,8 @@ def _spans_s(spans) -> float:
 class NoTimer:
     """telemetry=False: the markers cost a call and nothing else."""
 
+    marks_steps = False
+
     def __init__(self, before=None):
         pass
 
@@ -158,6 +164,14 @@ class NoTimer:
         return 0.0, 0.0, None
 
 
+class RestTimer(NoTimer):
+    """nt.watch on the CPU: the step's time is the loader's (the data wait, timed around
+    its next()) and the rest, its compute; nothing is marked per step."""
+
+    def totals(self):
+        return 0.0, None, None   # compute: the interval's time less its data wait (record)
+
+
 class Interval:
     """Loss, samples and time split of the steps since the last record.
 
@@ -173,11 +187,12 @@ class Interval:
     then the record's `host_fetch_s`).
     """
 
-    def __init__(self, device: torch.device, start_step: int, timed: bool = True):
+    def __init__(self, device: torch.device, start_step: int, timed: bool = True,
+                 cpu_timer=HostTimer):
         self.device = device
         self.timed = timed
         self._timer_class = NoTimer if not timed else (
-            functools.partial(CudaTimer, device) if device.type == "cuda" else HostTimer)
+            functools.partial(CudaTimer, device) if device.type == "cuda" else cpu_timer)
         self.memory = MemorySampler(device)
         self.diagnosed = (-math.inf, "")   # (when, text) of the last diagnosis (loop._diagnosis)
         self.t_start = time.perf_counter()
@@ -213,8 +228,9 @@ class Interval:
         self.counts[name] = self.counts.get(name, 0) + n
 
     def end_step(self) -> None:
-        self.timer.step_done(self.data_wait_s - self._waited_before_step)
-        self._waited_before_step = self.data_wait_s
+        if self.timer.marks_steps:
+            self.timer.step_done(self.data_wait_s - self._waited_before_step)
+            self._waited_before_step = self.data_wait_s
         self.steps += 1
         self.micro_ends.append(self.micro)
         self.samples_done = self.samples
@@ -277,11 +293,13 @@ class EndedInterval:
         self.wait()
         values = [] if self.losses is None else \
             self.losses if type(self.losses) is list else self.losses.tolist()   # the host read
-        finite = [v for v in values if math.isfinite(v)]
+        total = sum(values)   # finite unless one of them is not (or the sum overflows)
+        finite = values if math.isfinite(total) else [v for v in values if math.isfinite(v)]
         elapsed, steps = self.elapsed + waited_s, max(self.steps, 1)
         record = {
             "kind": "train", "step": self.step, "epoch": self.epoch,
-            "loss": sum(finite) / len(finite) if finite else math.nan, "lr": self.lr,
+            "loss": (total if finite is values else sum(finite)) / len(finite) if finite
+            else math.nan, "lr": self.lr,
             "samples": self.samples, "steps": self.steps,
             "samples_per_s": self.samples / elapsed, "steps_per_s": self.steps / elapsed,
             "step_time_s": elapsed / steps, "data_wait_s": self.data_wait_s / steps,
@@ -290,6 +308,8 @@ class EndedInterval:
         }
         if self.timer is not None:
             copy_s, compute_s, idle_s = self.timer.totals()
+            if compute_s is None:   # RestTimer
+                compute_s = max(elapsed - self.data_wait_s, 0.0)
             record.update(copy_s=copy_s / steps, compute_s=compute_s / steps,
                           copy_frac=min(copy_s / elapsed, 1.0),
                           compute_frac=min(compute_s / elapsed, 1.0))
@@ -311,7 +331,7 @@ def _start_reading(losses: list):
     """(losses on their way to host memory, the event that says they arrived)."""
     if not losses:
         return None, None
-    if all(type(v) is float for v in losses):   # read as they came (nt.watch on the CPU)
+    if type(losses[0]) is float:   # read as they came (nt.watch on the CPU reads them all)
         return losses, None
     stacked = torch.stack(losses).float()
     if stacked.device.type != "cuda":

@@ -28,6 +28,7 @@ the Run ends through `Watcher.finish`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import time
 import weakref
@@ -53,7 +54,7 @@ from .loop import flush_interval, log_interval
 from .memory import leaves_no_trace
 from .optim import apply_impl, impl_for
 from .run import Run
-from .telemetry import Interval
+from .telemetry import Interval, RestTimer
 
 # The TrainConfig fields a watch can apply to someone else's loop; the rest (epochs,
 # batch_size, optimizer, lr, scheduler, ...) the loop itself decides.
@@ -67,7 +68,7 @@ NOT_APPLIED = {
 KEPT = "your loop's own"
 _item = torch._C.TensorBase.item   # torch's own, under the watch's counting wrapper
 READS = ("item", "tolist")   # the host reads counted when the tensor has a graph, too
-READS_COUNTED_FOR = 100   # steps; then the rate counted stands (_stop_counting_reads)
+READS_COUNTED_FOR = 30   # steps; then the rate counted stands (_stop_counting_reads)
 
 
 class StopWatching(BaseException):
@@ -79,8 +80,8 @@ class StopWatching(BaseException):
 def own_loop_config(config, settings: dict) -> TrainConfig:
     """The watch's TrainConfig: `config` with `settings`; a field the loop decides (given
     here, or set in `config`) is a ConfigError naming it."""
-    base = as_config(config)
-    defaults = TrainConfig()
+    base = _defaults() if config is None else as_config(config)
+    defaults = _defaults()
     for name in settings:
         if name not in SETTINGS:
             raise ConfigError(f"nt.watch() got an unknown setting {name!r}; it takes "
@@ -101,7 +102,14 @@ def own_loop_config(config, settings: dict) -> TrainConfig:
                           f"you wrote decides it (its DataLoader, optimizer, scheduler, "
                           f"epochs). Change it in your code; nt.watch takes "
                           f"{', '.join(OWN_LOOP_FIELDS)}.", field=loops[0])
-    return base.replace(**settings)
+    return TrainConfig(**settings) if config is None else base.replace(**settings)
+
+
+@functools.lru_cache(maxsize=1)
+def _defaults() -> TrainConfig:
+    """TrainConfig's defaults, to compare with and never handed out: a cell that re-runs a
+    watch builds one config, not three (each construction checks every field)."""
+    return TrainConfig()
 
 
 class Watcher:
@@ -149,6 +157,9 @@ class Watcher:
         self._shadows = weakref.WeakKeyDictionary()           # your loader -> one with workers
         self._shadow_iterators = weakref.WeakKeyDictionary()  # your loader -> that one's iterator
         self._started = time.perf_counter()
+        self._stop_asked = run.stop_check()
+        self._reads_at_once = self._marks_steps = False   # by the device (_ensure_interval)
+        self._log_every = run.config.log_every
 
     # -- install and undo -------------------------------------------------------------------
     def install(self) -> None:
@@ -257,12 +268,14 @@ class Watcher:
         started = time.perf_counter()
         self._inside = True
         try:
-            self.amp = self._resolve_amp(model, args, kwargs)
+            # what bf16's measurement and the FLOP count are cached by: repr(model) once
+            key = _architecture(model, args, kwargs)
+            self.amp = self._resolve_amp(model, args, kwargs, key)
             if self.amp == "fp16":
                 self.scaler = torch.amp.GradScaler(self.device.type)
                 self.run.equip(scaler=self.scaler)
             if self.run.config.count_flops:
-                self._count_flops(model, args, kwargs)
+                self._count_flops(model, args, kwargs, key)
         finally:
             self._inside = False
         setup_s = time.perf_counter() - started
@@ -333,8 +346,6 @@ class Watcher:
 
         def backward(tensor, *args, **kwargs):
             if not watcher._inside:
-                if watcher._at_boundary:
-                    watcher._stop_if_asked()
                 watcher._on_backward(tensor)
                 if watcher.scaler is not None:   # fp16: the gradients of the scaled loss
                     watcher._update_scale()
@@ -430,28 +441,37 @@ class Watcher:
         return clip
 
     def _on_backward(self, loss: torch.Tensor) -> None:
-        if self.interval is None:
-            self._ensure_interval(loss.device)
-        if loss.is_cpu and loss.dim() == 0:   # read now: on the CPU no sync, and cheaper than
-            value = _item(loss)                 # a detached tensor stacked at the record
+        if self._at_boundary:
+            self._stop_if_asked()
+            self._at_boundary = False
+        interval = self.interval
+        if interval is None:
+            interval = self._ensure_interval(loss.device)
+        if self._reads_at_once:   # the CPU: no sync, and cheaper than a stack at the record
+            value = _item(loss) if loss.dim() == 0 else _item(loss.detach().float().mean())
         else:
             value = loss.detach()
             value = value if value.dim() == 0 else value.float().mean()
-        self.interval.add(value, self._samples)
+        interval.add(value, self._samples)
         self._samples = 0
         self._backwards += 1
-        self._at_boundary = False
         if self._read_patches:   # kept losses are looked for over the host reads' steps
             self._losses.append(weakref.ref(loss))
 
-    def _ensure_interval(self, device: torch.device) -> None:
+    def _ensure_interval(self, device: torch.device) -> Interval:
         if self.interval is None:
             self.device = device
             self.run.resolved["loop"] = ("your own", "nt.watch: the loop you wrote, watched")
             self.run.resolved.setdefault("device", (str(device), "your loop's: where the model is"))
-            self.interval = Interval(device, self.run.step, self.run.config.telemetry)
+            # off CUDA a step's compute is what its data wait leaves (data wait: the loader's
+            # time; compute: the rest), with no timer call per step (RestTimer)
+            self.interval = Interval(device, self.run.step, self.run.config.telemetry,
+                                     cpu_timer=RestTimer)
+            self._reads_at_once = device.type == "cpu"   # each loss as a float (_on_backward)
+            self._marks_steps = device.type == "cuda"   # CudaTimer's step_starts
             if device.type == "cuda":   # the watch's peak, not the kernel's
                 torch.cuda.reset_peak_memory_stats(device)
+        return self.interval
 
     # -- optimizer steps ----------------------------------------------------------------------
     def _before_step(self, optimizer, args, kwargs) -> None:
@@ -462,7 +482,9 @@ class Watcher:
         if self._backwards:
             if self.scaler is not None:
                 self._unscale_or_skip(optimizer)
-            self.run.enter("update")   # a second Ctrl-C waits until the step is counted
+            # a second Ctrl-C waits until the step is counted (Run.enter, as an attribute
+            # set: this runs every step, and a call costs more than the set)
+            self.run.phase = "update"
 
     def _adopt(self, optimizer) -> None:
         """An optimizer seen for the first time (before its first step of the watch)."""
@@ -475,21 +497,27 @@ class Watcher:
         self._keep(apply_impl(optimizer, impl))
 
     def _after_step(self, optimizer, args, kwargs) -> None:
-        while self._set_aside:   # a skipped step's gradients back, as GradScaler leaves them
-            param, grad = self._set_aside.pop()
-            param.grad = grad
-        if self._kernel_scaled:
-            self._take_back_scale()
+        if self._set_aside or self._kernel_scaled:
+            self._after_scaled_step()
         if self._inside or not self._backwards:
             return   # another optimizer stepping on the same backward: the same step
         run, interval = self.run, self.interval
         run.advance(self._backwards)
         self._backwards = 0
         interval.end_step()
-        if interval.steps == run.config.log_every:
+        if interval.steps == self._log_every:
             self._log()
-        run.enter("load")
+        run.phase = "load"   # Run.enter, inlined (above)
         self._at_boundary = True
+
+    def _after_scaled_step(self) -> None:
+        """fp16: a skipped step's gradients back, as GradScaler leaves them; a fused
+        optimizer's scale taken back."""
+        while self._set_aside:
+            param, grad = self._set_aside.pop()
+            param.grad = grad
+        if self._kernel_scaled:
+            self._take_back_scale()
 
     def _log(self) -> None:
         """Close the interval with the loop's counts since the last record (counted here,
@@ -534,7 +562,7 @@ class Watcher:
         """End the loop at the step boundary: after a finished step, before the next one
         has changed anything (its batch may be loaded; its forward has not run). Called
         only at a boundary: the callers, which run every step, check `_at_boundary` first."""
-        if self.run.stop_requested:
+        if self._stop_asked():   # Run.stop_requested, one call where the property makes two
             raise StopWatching()
 
     # -- the loader: data wait, batched fetch ---------------------------------------------
@@ -553,26 +581,29 @@ class Watcher:
         batches = iter(self._source(loader, original))
         if training and self._ahead is not None:
             batches = self._copied_ahead(batches)
-        epoch_start, waited = time.perf_counter(), 0.0
+        clock = time.perf_counter   # a local: it runs three times a batch
+        epoch_start, waited = clock(), 0.0
         while True:
             if self._at_boundary:
                 self._stop_if_asked()
-            start = time.perf_counter()
+            start = clock()
             try:
                 batch = next(batches)
             except StopIteration:
                 if training:   # a whole epoch: what it waited
-                    self._epoch_wait = waited / max(time.perf_counter() - epoch_start, 1e-9)
+                    self._epoch_wait = waited / max(clock() - epoch_start, 1e-9)
                 return
             finally:
-                wait = time.perf_counter() - start
+                wait = clock() - start
                 waited += wait
-                if self.interval is not None:
-                    self.interval.data_wait_s += wait
+                interval = self.interval
+                if interval is not None:
+                    interval.data_wait_s += wait
             if training:
-                if self._loader_counts:   # the step's work starts with its batch
+                if self._loader_counts:
                     self._samples += _batch_samples(batch)
-                    self.interval.step_starts()
+                    if self._marks_steps:   # CUDA: the step's work starts with its batch
+                        interval.step_starts()
                 if self._copies_pending:
                     batches = self._follow_copies(batch, batches)
             yield batch
@@ -772,19 +803,19 @@ class Watcher:
         return wrap
 
     # -- settings resolved on the model -----------------------------------------------------
-    def _resolve_amp(self, model, args, kwargs) -> str:
+    def _resolve_amp(self, model, args, kwargs, key) -> str:
         requested, device = self.run.config.amp, self.device
         choice = _amp_choice(requested, device, self.optimize,
                              lambda amp: _probe_step(model, args, kwargs, amp),
-                             key=_architecture(model, args, kwargs))
+                             key=key)
         self.run.resolved["amp"] = choice
         return choice[0]
 
-    def _count_flops(self, model, args, kwargs) -> None:
+    def _count_flops(self, model, args, kwargs, key) -> None:
         batch, loss_fn = _as_batch(args, kwargs)
         self.run.resolved.update(flops.resolve(
             model, loss_fn, lambda: batch, self.amp, self.device, 1, torch.get_num_threads(),
-            key=("watch", _architecture(model, args, kwargs))))
+            key=("watch", key)))
 
     # -- the end ------------------------------------------------------------------------------
     def finish(self, exc: Optional[BaseException]) -> bool:
@@ -912,7 +943,7 @@ def _batch_samples(batch) -> int:
     """Samples in a batch (a loader's, or a forward's arguments): its first element's
     length when that is a tensor, the common case, cheaply; else batch_len's answer."""
     first = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
-    if isinstance(first, torch.Tensor) and first.dim():
+    if isinstance(first, torch.Tensor) and first.shape:   # not 0-dim
         return first.shape[0]
     try:
         return batch_len(batch)
