@@ -889,8 +889,7 @@ def _kernel_takes_the_scale(optimizer) -> bool:
     momentum before every parameter has its buffer: fused SGD makes the buffers with
     empty_like on the first step and keeps them even when found_inf skips the update
     (torch/optim/sgd.py, _fused_sgd), where unscale-and-skip leaves none."""
-    step = inspect.unwrap(type(optimizer).step)
-    if not any(step is inspect.unwrap(cls.step) for cls in _SCALING) or \
+    if not _steps_as_torchs(type(optimizer)) or \
             not all(group.get("fused") for group in optimizer.param_groups):
         return False
     if isinstance(optimizer, torch.optim.SGD):
@@ -898,6 +897,14 @@ def _kernel_takes_the_scale(optimizer) -> bool:
                    for group in optimizer.param_groups if group["momentum"]
                    for p in group["params"])
     return True
+
+
+@functools.lru_cache(maxsize=None)
+def _steps_as_torchs(cls) -> bool:
+    """Whether `cls` steps with one of _SCALING's own step functions (asked every fp16
+    step: the answer for a class does not change)."""
+    step = inspect.unwrap(cls.step)
+    return any(step is inspect.unwrap(scaling.step) for scaling in _SCALING)
 
 
 def _probe_step(model, args, kwargs, amp: str) -> None:

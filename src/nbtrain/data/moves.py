@@ -11,6 +11,7 @@ metric against CPU labels, `.numpy()`, a print), in any step, is the tensor it a
 """
 from __future__ import annotations
 
+import itertools
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -104,8 +105,9 @@ class AheadCopies:
         self.ready: Dict[int, Tuple[torch.Tensor, torch.Tensor, int]] = {}
 
     def batches(self, batches, markers=_Unmarked()):
-        """`batches` as they come (pinned where `pin`), each one's copies queued on the side
-        stream before the one before it is handed out (prefetch.copied_ahead)."""
+        """`batches` as they come (the tensors copied pinned, where `pin`), each one's
+        copies queued on the side stream before the one before it is handed out
+        (prefetch.copied_ahead)."""
         for batch, copies in copied_ahead(batches, self._copy, self.stream, self.device,
                                           markers, record=_record_copies):
             self.ready = copies
@@ -113,16 +115,20 @@ class AheadCopies:
         self.ready = {}
 
     def _copy(self, batch):
-        """(the batch, {id(cpu tensor): (it, its copy)}), the copies queued on the side
-        stream (copied_ahead calls this inside it)."""
-        if self.pin:
-            batch = map_tensors(_pinned, batch)
-        copies = {}
-        for position, tensor in enumerate(tensors(batch)):
-            if position in self.positions and tensor.is_cpu:
+        """(the batch, {id(cpu tensor): (it, its copy, its version)}), the copies queued on
+        the side stream (copied_ahead calls this inside it). With `pin`, the tensors it
+        copies are pinned first, in the batch the loop gets (one walk of it)."""
+        copies, position = {}, itertools.count()
+
+        def copy_ahead(tensor):
+            if next(position) in self.positions and tensor.is_cpu:
+                if self.pin and not tensor.is_pinned():
+                    tensor = tensor.pin_memory()
                 copies[id(tensor)] = (tensor, tensor.to(self.device, non_blocking=True),
                                       tensor._version)
-        return batch, copies
+            return tensor
+        rebuilt = map_tensors(copy_ahead, batch)
+        return (rebuilt if self.pin else batch), copies   # without pin: as it came
 
     def take(self, tensor, device, dtype, memory_format) -> Optional[torch.Tensor]:
         """The copy made ahead of `tensor`, once, where the loop's call asks for just that:
@@ -162,10 +168,6 @@ def _record_copies(moved, stream) -> None:
     (Tensor.record_stream), so their memory is not handed out again while it reads them."""
     for _, copy, _ in moved[1].values():
         copy.record_stream(stream)
-
-
-def _pinned(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.pin_memory() if tensor.is_cpu and not tensor.is_pinned() else tensor
 
 
 def plain(batch, depth: int = 4) -> bool:
