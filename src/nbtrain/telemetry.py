@@ -197,6 +197,7 @@ class Interval:
         self.diagnosed = (-math.inf, "")   # (when, text) of the last diagnosis (loop._diagnosis)
         self.t_start = time.perf_counter()
         self._ended = None
+        self.timer = None
         self.reset(start_step)
 
     def reset(self, start_step: int, before=None) -> None:
@@ -209,10 +210,11 @@ class Interval:
         self.losses = []              # 0-dim device tensors: a list append costs less than
                                       # writing into a buffer (an indexing op per step)
         self.micro_ends = []          # micro-batch count after each step of the interval
-        self.timer = self._timer_class(before=before)
-        self.copy_started, self.copy_done = self.timer.copy_started, self.timer.copy_done
-        self.step_starts = self.timer.step_starts
-        self.wait_started, self.wait_done = self.timer.wait_started, self.timer.wait_done
+        if self.timer is None or self.timer.marks_steps:   # NoTimer, RestTimer: one will do
+            self.timer = timer = self._timer_class(before=before)
+            self.copy_started, self.copy_done = timer.copy_started, timer.copy_done
+            self.step_starts = timer.step_starts
+            self.wait_started, self.wait_done = timer.wait_started, timer.wait_done
         self.data_wait_s = 0.0
         self._waited_before_step = 0.0   # data_wait_s at the end of the last step
         self.counts = {}              # name -> total of the interval (nt.watch: host reads)
