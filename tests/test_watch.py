@@ -85,6 +85,22 @@ def test_the_records_hold_the_loops_own_losses_and_samples():
     assert run.summary()["samples"] == 256
 
 
+def test_a_loss_on_another_device_than_the_models_is_kept_there_not_read_each_step(
+        monkeypatch):
+    # a CPU model whose loss is computed elsewhere (a CPU embedding in front of a GPU net;
+    # "meta" stands in for the GPU): a read at each backward would be a sync every step
+    from nbtrain import telemetry
+    added = []
+    add = telemetry.Interval.add
+    monkeypatch.setattr(telemetry.Interval, "add",
+                        lambda self, loss, samples: (added.append(loss), add(self, loss, samples)))
+    model = nn.Linear(4, 2)
+    with pytest.raises(NotImplementedError):   # meta's backward cannot reach the CPU weights
+        with nt.watch(optimize=False, **QUIET):
+            model(torch.randn(8, 4)).to("meta").sum().backward()
+    assert len(added) == 1 and isinstance(added[0], torch.Tensor) and added[0].is_meta
+
+
 def test_samples_come_from_the_loaders_batches_and_the_model_keeps_its_fast_path():
     x, y = data()
     model = net(dropout=0.0)

@@ -184,15 +184,16 @@ class Interval:
     split into copy (host-to-device, and on CUDA the wait for a prefetched copy) and
     compute (forward, backward, update); data wait is the loop's host time around its
     `next()`, and on CUDA the GPU's idle time within it (CudaTimer; the host's time is
-    then the record's `host_fetch_s`).
+    then the record's `host_fetch_s`). `host_timer`: the timer off CUDA (nt.watch's on the
+    CPU is RestTimer: compute is the rest of the step).
     """
 
     def __init__(self, device: torch.device, start_step: int, timed: bool = True,
-                 cpu_timer=HostTimer):
+                 host_timer=HostTimer):
         self.device = device
         self.timed = timed
         self._timer_class = NoTimer if not timed else (
-            functools.partial(CudaTimer, device) if device.type == "cuda" else cpu_timer)
+            functools.partial(CudaTimer, device) if device.type == "cuda" else host_timer)
         self.memory = MemorySampler(device)
         self.diagnosed = (-math.inf, "")   # (when, text) of the last diagnosis (loop._diagnosis)
         self.t_start = time.perf_counter()

@@ -54,7 +54,7 @@ from .loop import flush_interval, log_interval
 from .memory import leaves_no_trace
 from .optim import apply_impl, impl_for
 from .run import Run
-from .telemetry import Interval, RestTimer
+from .telemetry import HostTimer, Interval, RestTimer
 
 # The TrainConfig fields a watch can apply to someone else's loop; the rest (epochs,
 # batch_size, optimizer, lr, scheduler, ...) the loop itself decides.
@@ -158,7 +158,8 @@ class Watcher:
         self._shadow_iterators = weakref.WeakKeyDictionary()  # your loader -> that one's iterator
         self._started = time.perf_counter()
         self._stop_asked = run.stop_check()
-        self._reads_at_once = self._marks_steps = False   # by the device (_ensure_interval)
+        self._reads_at_once = None      # each loss read as a float: the first loss on the CPU
+        self._marks_steps = False       # the interval's timer marks each step's start
         self._log_every = run.config.log_every
 
     # -- install and undo -------------------------------------------------------------------
@@ -447,6 +448,8 @@ class Watcher:
         interval = self.interval
         if interval is None:
             interval = self._ensure_interval(loss.device)
+        if self._reads_at_once is None:   # the first loss's device says, for the whole watch:
+            self._reads_at_once = loss.is_cpu   # an interval's losses are all floats or all tensors
         if self._reads_at_once:   # the CPU: no sync, and cheaper than a stack at the record
             value = _item(loss) if loss.dim() == 0 else _item(loss.detach().float().mean())
         else:
@@ -463,12 +466,11 @@ class Watcher:
             self.device = device
             self.run.resolved["loop"] = ("your own", "nt.watch: the loop you wrote, watched")
             self.run.resolved.setdefault("device", (str(device), "your loop's: where the model is"))
-            # off CUDA a step's compute is what its data wait leaves (data wait: the loader's
-            # time; compute: the rest), with no timer call per step (RestTimer)
+            # on the CPU a step's compute is what its data wait leaves (data wait: the
+            # loader's time; compute: the rest), with no timer call per step (RestTimer)
             self.interval = Interval(device, self.run.step, self.run.config.telemetry,
-                                     cpu_timer=RestTimer)
-            self._reads_at_once = device.type == "cpu"   # each loss as a float (_on_backward)
-            self._marks_steps = device.type == "cuda"   # CudaTimer's step_starts
+                                     host_timer=RestTimer if device.type == "cpu" else HostTimer)
+            self._marks_steps = self.interval.timer.marks_steps   # step_starts counts
             if device.type == "cuda":   # the watch's peak, not the kernel's
                 torch.cuda.reset_peak_memory_stats(device)
         return self.interval

@@ -90,7 +90,7 @@ def resolve_copies(pin_memory, prefetch, log: Optional[MoveLog], loader_pins: bo
         pin = False, why_pageable
     else:
         pin = True, ("asked for: " if pin_memory is True else "") + (
-            "the batches are made in pinned memory, where a copy ahead overlaps the step")
+            "the tensors copied ahead are in pinned memory, where a copy overlaps the step")
     return pin, ahead
 
 
