@@ -321,13 +321,20 @@ class EndedInterval:
                               host_fetch_s=self.data_wait_s / steps)
         if self.skipped:
             record["skipped_steps"] = self.skipped
-        record.update({f"{name}_per_step": n / steps for name, n in self.counts.items()})
+        for name, n in self.counts.items():
+            record[_per_step(name)] = n / steps
         if len(finite) < len(values):   # 1-based number of the step that held the first bad one
             bad = next(i for i, v in enumerate(values) if not math.isfinite(v))
             record["first_nonfinite_step"] = self.start_step + bisect.bisect_right(
                 self.micro_ends, bad) + 1
         record.update(self.memory)
         return record
+
+
+@functools.lru_cache(maxsize=None)
+def _per_step(name: str) -> str:
+    """A counter's field in a record (Interval.count): formatted once per name."""
+    return f"{name}_per_step"
 
 
 def _start_reading(losses: list):
@@ -405,13 +412,16 @@ class MemorySampler:
     def __init__(self, device: torch.device, every_s: float = 0.25):
         self.device, self.every_s = device, every_s
         self.last, self.fields = -math.inf, {}
+        self._cuda = device.type == "cuda"
 
     def read(self) -> dict:
+        """The fields for a record (not to be changed: off CUDA, the same dict until the
+        next reading)."""
         now = time.perf_counter()
         if now - self.last >= self.every_s:
             self.fields = {**process_memory_fields(), **nvml_fields(self.device)}
             self.last = now
-        return {**self.fields, **allocator_fields(self.device)}
+        return {**self.fields, **allocator_fields(self.device)} if self._cuda else self.fields
 
 
 # -- NVML (nvidia-ml-py): device-wide memory, utilisation and power ----------------------------
