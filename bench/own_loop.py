@@ -1,6 +1,7 @@
 """Your own loop under nt.watch, against the same loop unwatched, in the same process.
 
     python bench/own_loop.py [--repeats 9] [--epochs 3] [--device cuda] [--case MLP]
+                             [--log-every 100]
 
 The loop is the tutorial one (a DataLoader, `.to(device)` per batch, AdamW, `loss.item()`
 every step), written once below and run three ways per repeat, interleaved so machine
@@ -114,7 +115,13 @@ def main(argv=None):
     parser.add_argument("--device", default="cpu", help="where the loop trains: cpu or cuda")
     parser.add_argument("--case", default="", help="only the cases whose name holds this "
                         "(more rounds of one case in the same time)")
+    parser.add_argument("--log-every", type=int, action="append", default=[],
+                        help="also nt.watch(optimize=False, log_every=N): what the records cost")
     args = parser.parse_args(argv)
+    for n in args.log_every:
+        for ways in (WAYS, CUDA_WAYS):
+            ways[f"nt.watch(optimize=False, log_every={n})"] = dict(
+                optimize=False, progress=False, log_every=n)
     if args.device != "cpu" and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: this PyTorch sees no CUDA device")
     print(f"{machine_line()}\nmedian of {args.repeats} interleaved whole calls of "
