@@ -321,20 +321,13 @@ class EndedInterval:
                               host_fetch_s=self.data_wait_s / steps)
         if self.skipped:
             record["skipped_steps"] = self.skipped
-        for name, n in self.counts.items():
-            record[_per_step(name)] = n / steps
+        record.update({f"{name}_per_step": n / steps for name, n in self.counts.items()})
         if len(finite) < len(values):   # 1-based number of the step that held the first bad one
             bad = next(i for i, v in enumerate(values) if not math.isfinite(v))
             record["first_nonfinite_step"] = self.start_step + bisect.bisect_right(
                 self.micro_ends, bad) + 1
         record.update(self.memory)
         return record
-
-
-@functools.lru_cache(maxsize=None)
-def _per_step(name: str) -> str:
-    """A counter's field in a record (Interval.count): formatted once per name."""
-    return f"{name}_per_step"
 
 
 def _start_reading(losses: list):

@@ -102,7 +102,7 @@ def own_loop_config(config, settings: dict) -> TrainConfig:
                           f"you wrote decides it (its DataLoader, optimizer, scheduler, "
                           f"epochs). Change it in your code; nt.watch takes "
                           f"{', '.join(OWN_LOOP_FIELDS)}.", field=loops[0])
-    return TrainConfig(**settings) if config is None else base.replace(**settings)
+    return base.replace(**settings)   # one construction, from the defaults or `config`
 
 
 @functools.lru_cache(maxsize=1)
