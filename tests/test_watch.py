@@ -314,6 +314,40 @@ def test_host_reads_are_counted_over_the_first_steps_then_torchs_methods_are_bac
     assert run.summary()["host_reads_per_step"] == pytest.approx(1.0, abs=0.01)
 
 
+def test_the_default_records_come_at_least_record_every_s_apart_once_reads_are_counted(monkeypatch):
+    from nbtrain import watcher
+    monkeypatch.setattr(watcher, "RECORD_EVERY_S", 3600.0)   # no record is due in this test
+    x, y = data(2048)
+    model = net()
+    with nt.watch(optimize=False, **QUIET) as run:
+        losses = train(model, torch.optim.SGD(model.parameters(), 0.1),
+                       loader_of(x, y, batch_size=8), epochs=1)   # 256 steps
+    records = run.records("train")
+    # every 10 steps while host reads are counted (they are counted per record), then one
+    # record when the watch ends: the 226 steps after step 30 were never 3600 s apart
+    assert [r["step"] for r in records] == [10, 20, 30, 256]
+    assert records[-1]["steps"] == 226 and records[-1]["samples"] == 226 * 8
+    assert records[-1]["loss"] == pytest.approx(sum(losses[30:]) / 226, rel=1e-5)
+    assert records[-1]["host_reads_per_step"] == pytest.approx(1.0)
+    every, why = run.resolved["log_every"]
+    assert every == 10 and "at least 3600000 ms apart" in why and "log_every=10" in why
+
+
+def test_a_log_every_the_user_sets_is_kept_exactly(monkeypatch):
+    from nbtrain import watcher
+    monkeypatch.setattr(watcher, "RECORD_EVERY_S", 3600.0)
+    x, y = data(2048)
+    for settings in (dict(log_every=10), dict(config=nt.TrainConfig(log_every=20))):
+        model = net()
+        with nt.watch(optimize=False, **QUIET, **settings) as run:
+            train(model, torch.optim.SGD(model.parameters(), 0.1), loader_of(x, y, batch_size=8),
+                  epochs=1)
+        every = settings.get("log_every") or settings["config"].log_every
+        steps = [r["step"] for r in run.records("train")]
+        assert steps == list(range(every, 256, every)) + [256]
+        assert run.resolved["log_every"] == (every, f"asked for: a record every {every} step(s)")
+
+
 # -- how it ends: Stop, the loop's error, Ctrl-C -------------------------------------------------
 def test_stop_from_another_thread_ends_the_loop_at_a_step_boundary():
     x, y = data(2048)

@@ -11,6 +11,7 @@ The loop only reads a TrainConfig; widgets, the magic and the CLI only write it.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 from dataclasses import dataclass
@@ -284,8 +285,17 @@ class TrainConfig:
 
     # -- copies and round trips --------------------------------------------------------
     def replace(self, **changes: Any) -> "TrainConfig":
-        """A new config with `changes` applied; unknown names raise ConfigError (__new__)."""
-        return dataclasses.replace(self, **changes)
+        """A new config with `changes` applied; unknown names raise ConfigError. Only the
+        changed fields are checked again, then the rules between fields: the others were
+        checked when they were set (a re-run cell's nt.watch or fit builds one config,
+        and checking all 50 fields twice, as a construction does, cost ~0.3 ms of it)."""
+        _reject_unknown(changes)
+        new = copy.copy(self)   # the fields as they are, not set (and checked) one by one
+        for name, value in changes.items():
+            setattr(new, name, value)   # checked as it is set (__setattr__)
+        for rule in _RULES:
+            rule(new)
+        return new
 
     def to_dict(self) -> dict:
         """The fields as plain values; your own optimizer or scheduler as its name

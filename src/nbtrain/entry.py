@@ -27,7 +27,7 @@ from .devices import seed_all
 from .prepare import prepare
 from .run import Run
 from .schedule import Schedule
-from .watcher import Watcher, own_loop_config
+from .watcher import Watcher, own_loop_config, record_floor_s
 
 
 def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, *,
@@ -103,7 +103,7 @@ class watch:
     def __init__(self, config: Optional[TrainConfig] = None, *, optimize: bool = True,
                  progress="auto", **settings):
         self.run = Run(own_loop_config(config, settings))
-        self._watcher = Watcher(self.run, optimize)
+        self._watcher = Watcher(self.run, optimize, record_floor_s(self.run.config, settings))
         self._progress = progress
         self._ctrl_c = None
 

@@ -8,9 +8,11 @@ the target.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import tempfile
 from pathlib import Path
+from typing import Optional
 
 
 @contextlib.contextmanager
@@ -61,7 +63,15 @@ def _alive(pid: int) -> bool:
 def cache_dir() -> Path:
     """Where nbtrain caches measurements (autotune's answers, a machine's peak FLOP/s):
     $NBTRAIN_CACHE_DIR, else $XDG_CACHE_HOME/nbtrain, else ~/.cache/nbtrain."""
-    if os.environ.get("NBTRAIN_CACHE_DIR"):
-        return Path(os.environ["NBTRAIN_CACHE_DIR"])
-    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    env = os.environ
+    return _cache_dir(env.get("NBTRAIN_CACHE_DIR"), env.get("XDG_CACHE_HOME"), env.get("HOME"))
+
+
+@functools.lru_cache(maxsize=8)
+def _cache_dir(own: Optional[str], xdg: Optional[str], home: Optional[str]) -> Path:
+    """By the variables it depends on: each run asks (the FLOP peak's and bf16's caches),
+    and building the Path costs more than the lookup (~15 us)."""
+    if own:
+        return Path(own)
+    root = xdg or Path.home() / ".cache"
     return Path(root) / "nbtrain"

@@ -8,8 +8,9 @@ watch only:
   (`register_optimizer_step_pre_hook` / `_post_hook`); several `backward` per step
   (gradient accumulation) and several optimizers stepping on one backward are one step;
 - the loss is the tensor `Tensor.backward` ran on, detached and kept on the device (the
-  Interval reads it once per `log_every` steps, as in fit; on the CPU, where a read is no
-  sync, it is read at once);
+  Interval reads it once per record, as in fit; on the CPU, where a read is no sync, it
+  is read at once); a record every `log_every` steps, and with the default log_every at
+  least RECORD_EVERY_S apart from step READS_COUNTED_FOR on (_record_due);
 - the model is the first module called with trainable parameters; samples are counted
   from the training DataLoader's batches, or, where the loop iterates none (or autocast
   or channels_last change the forward), from the batch the model's outermost forward
@@ -69,12 +70,24 @@ KEPT = "your loop's own"
 _item = torch._C.TensorBase.item   # torch's own, under the watch's counting wrapper
 READS = ("item", "tolist")   # the host reads counted when the tensor has a graph, too
 READS_COUNTED_FOR = 30   # steps; then the rate counted stands (_stop_counting_reads)
+# The default log_every's records, from READS_COUNTED_FOR on: every 10 steps and at least this
+# far apart. A record costs ~50 us of cold Python (bench/own_loop.py's notes): every 10 steps
+# of a 0.5 ms step, that is 1% of the loop's time, for 200 records a second that no chart
+# draws. A log_every the user sets is kept exactly.
+RECORD_EVERY_S = 0.02
 
 
 class StopWatching(BaseException):
     """Raised into the user's loop at a step boundary after Stop or Ctrl-C; the watch
     swallows it. A BaseException, as KeyboardInterrupt, so `except Exception` in the loop
     does not catch it."""
+
+
+def record_floor_s(config: TrainConfig, settings: dict) -> float:
+    """How far apart the watch's records are at least (RECORD_EVERY_S), or 0.0 where the
+    user set log_every (in `settings`, or a config's other than the default)."""
+    chosen = "log_every" in settings or config.log_every != _defaults().log_every
+    return 0.0 if chosen else RECORD_EVERY_S
 
 
 def own_loop_config(config, settings: dict) -> TrainConfig:
@@ -117,7 +130,7 @@ class Watcher:
 
     active: Optional["Watcher"] = None   # one watch at a time in a process
 
-    def __init__(self, run: Run, optimize: bool):
+    def __init__(self, run: Run, optimize: bool, record_floor_s: float = 0.0):
         self.run, self.optimize = run, optimize
         self.model = self.interval = self.device = None
         self.amp = "off"
@@ -160,7 +173,9 @@ class Watcher:
         self._stop_asked = run.stop_check()
         self._reads_at_once = None      # each loss read as a float: the first loss on the CPU
         self._marks_steps = False       # the interval's timer marks each step's start
-        self._log_every = run.config.log_every
+        self._log_every = self._record_at = run.config.log_every   # the interval's steps at
+        self._record_floor_s = record_floor_s                   # the next record (_record_due)
+        self._describe_log_every()
 
     # -- install and undo -------------------------------------------------------------------
     def install(self) -> None:
@@ -443,7 +458,8 @@ class Watcher:
 
     def _on_backward(self, loss: torch.Tensor) -> None:
         if self._at_boundary:
-            self._stop_if_asked()
+            if self._stop_asked():   # _stop_if_asked, inlined: this runs every step
+                raise StopWatching()
             self._at_boundary = False
         interval = self.interval
         if interval is None:
@@ -507,8 +523,8 @@ class Watcher:
         run.advance(self._backwards)
         self._backwards = 0
         interval.end_step()
-        if interval.steps == self._log_every:
-            self._log()
+        if interval.steps == self._record_at:
+            self._record_due()
         run.phase = "load"   # Run.enter, inlined (above)
         self._at_boundary = True
 
@@ -520,6 +536,25 @@ class Watcher:
             param.grad = grad
         if self._kernel_scaled:
             self._take_back_scale()
+
+    def _describe_log_every(self) -> None:
+        every = self._log_every
+        why = "asked for: a record every {} step(s)".format(every) if not self._record_floor_s \
+            else (f"a record every {every} steps and at least {self._record_floor_s * 1e3:.0f} ms "
+                  f"apart (from step {READS_COUNTED_FOR}): a record costs the loop ~50 us; "
+                  f"nt.watch(log_every={every}) records exactly every {every}")
+        self.run.resolved["log_every"] = (every, why)
+
+    def _record_due(self) -> None:
+        """log_every more steps: a record, or, where the default's records would come closer
+        together than RECORD_EVERY_S, a look again after log_every more. While host reads
+        are counted, a record every log_every steps (_log counts them per record)."""
+        if self._read_patches or not self._record_floor_s or \
+                time.perf_counter() - self.interval.t0 >= self._record_floor_s:
+            self._log()
+            self._record_at = self._log_every
+        else:
+            self._record_at += self._log_every
 
     def _log(self) -> None:
         """Close the interval with the loop's counts since the last record (counted here,
@@ -583,11 +618,12 @@ class Watcher:
         batches = iter(self._source(loader, original))
         if training and self._ahead is not None:
             batches = self._copied_ahead(batches)
-        clock = time.perf_counter   # a local: it runs three times a batch
+        clock = time.perf_counter   # locals: they run every batch
+        stop_asked = self._stop_asked
         epoch_start, waited = clock(), 0.0
         while True:
-            if self._at_boundary:
-                self._stop_if_asked()
+            if self._at_boundary and stop_asked():   # _stop_if_asked, inlined
+                raise StopWatching()
             start = clock()
             try:
                 batch = next(batches)
