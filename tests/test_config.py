@@ -71,6 +71,21 @@ def test_round_trip_and_replace():
         cfg.replace(lr=0)
 
 
+def test_replace_checks_the_changed_fields_and_the_rules_and_leaves_the_original():
+    cfg = TrainConfig(optimizer="sgd", momentum=0.9, nesterov=True, lr=1e-2, min_lr=1e-3)
+    with pytest.raises(ConfigError, match="nesterov"):   # a rule the change breaks
+        cfg.replace(optimizer="adam")
+    with pytest.raises(ConfigError, match="min_lr"):
+        cfg.replace(lr=1e-4)
+    with pytest.raises(ConfigError, match="epochs"):   # the changed field itself
+        cfg.replace(epochs=0)
+    assert cfg == TrainConfig(optimizer="sgd", momentum=0.9, nesterov=True, lr=1e-2, min_lr=1e-3)
+    changed = cfg.replace(betas=[0.8, 0.9], nesterov=False, optimizer="adam")
+    assert changed == TrainConfig(optimizer="adam", momentum=0.9, lr=1e-2, min_lr=1e-3,
+                                  betas=(0.8, 0.9))   # normalised as the constructor does
+    assert changed is not cfg and cfg.optimizer == "sgd"
+
+
 def test_public_names():
     for name in ("TrainConfig", "ConfigError", "fit", "Run", "schedule_preview", "datasets"):
         assert hasattr(nt, name)

@@ -71,10 +71,10 @@ _item = torch._C.TensorBase.item   # torch's own, under the watch's counting wra
 READS = ("item", "tolist")   # the host reads counted when the tensor has a graph, too
 READS_COUNTED_FOR = 30   # steps; then the rate counted stands (_stop_counting_reads)
 # The default log_every's records, from READS_COUNTED_FOR on: every 10 steps and at least this
-# far apart. A record costs ~50 us of cold Python (bench/own_loop.py's notes): every 10 steps
-# of a 0.5 ms step, that is 1% of the loop's time, for 200 records a second that no chart
-# draws. A log_every the user sets is kept exactly.
-RECORD_EVERY_S = 0.02
+# far apart. A record costs ~50 us of cold Python (docs/guide/measured.md): every 10 steps of
+# a 0.5 ms step, that is 1% of the loop's time, for 200 records a second where the Dashboard
+# draws 4 times a second. A log_every the user sets is kept exactly.
+RECORD_EVERY_S = 0.05
 
 
 class StopWatching(BaseException):
@@ -247,8 +247,10 @@ class Watcher:
         if self._ahead is not None:
             self._ahead.clear()
         while self._undo:
-            with contextlib.suppress(Exception):
+            try:
                 self._undo.pop()()
+            except Exception:   # the next undo still runs
+                pass
 
     def _remove_global_forward_hooks(self) -> None:
         for handle in self._global_forward:
