@@ -323,14 +323,53 @@ def test_the_default_records_come_at_least_record_every_s_apart_once_reads_are_c
         losses = train(model, torch.optim.SGD(model.parameters(), 0.1),
                        loader_of(x, y, batch_size=8), epochs=1)   # 256 steps
     records = run.records("train")
-    # every 10 steps while host reads are counted (they are counted per record), then one
-    # record when the watch ends: the 226 steps after step 30 were never 3600 s apart
-    assert [r["step"] for r in records] == [10, 20, 30, 256]
-    assert records[-1]["steps"] == 226 and records[-1]["samples"] == 226 * 8
-    assert records[-1]["loss"] == pytest.approx(sum(losses[30:]) / 226, rel=1e-5)
-    assert records[-1]["host_reads_per_step"] == pytest.approx(1.0)
+    # every 10 steps while host reads are counted (they are counted per record), then, the
+    # steps never 3600 s apart, one every RECORDS_MERGED x 10 steps, and the last at the end
+    assert [r["step"] for r in records] == [10, 20, 30, 130, 230, 256]
+    assert [r["steps"] for r in records[3:]] == [100, 100, 26]
+    assert records[3]["samples"] == 100 * 8
+    assert records[3]["loss"] == pytest.approx(sum(losses[30:130]) / 100, rel=1e-5)
+    assert records[3]["host_reads_per_step"] == pytest.approx(1.0)
     every, why = run.resolved["log_every"]
-    assert every == 10 and "at least 3600000 ms apart" in why and "log_every=10" in why
+    assert every == 10 and "at least 3600000 ms and at most 100 steps apart" in why
+    assert "log_every=10" in why
+
+
+class NaNFrom(nn.Module):
+    """net() whose output is NaN from its `bad`-th call on."""
+
+    def __init__(self, bad: int):
+        super().__init__()
+        self.net, self.bad, self.calls = net(dropout=0.0), bad, 0
+
+    def forward(self, x):
+        self.calls += 1
+        out = self.net(x)
+        return out * float("nan") if self.calls >= self.bad else out
+
+
+def test_a_non_finite_loss_stops_the_loop_as_soon_as_without_the_record_floor(monkeypatch):
+    from nbtrain import watcher
+    monkeypatch.setattr(watcher, "RECORD_EVERY_S", 3600.0)
+    x, y = data(2048)
+    model = NaNFrom(bad=57)
+    with nt.watch(optimize=False, **QUIET) as run:
+        train(model, torch.optim.SGD(model.parameters(), 0.1), loader_of(x, y, batch_size=8),
+              epochs=1)
+    # looked at every 10 steps: the interval from step 31 holds it at step 60, and is
+    # recorded then, not at step 130 (its records merged) or at the end
+    assert run.state == "stopped" and run.diverged and run.step == 60
+    assert "non-finite at step 57" in run.message
+
+
+def test_a_non_finite_loss_in_the_last_steps_ends_the_watch_stopped_not_finished():
+    x, y = data(200)
+    model = NaNFrom(bad=24)
+    with nt.watch(optimize=False, log_every=10, **QUIET) as run:   # 25 steps: records at 10,
+        train(model, torch.optim.SGD(model.parameters(), 0.1), loader_of(x, y, batch_size=8),
+              epochs=1)                                         # 20, then 25 at the end
+    assert run.step == 25 and run.diverged
+    assert run.state == "stopped" and "non-finite at step 24" in run.message
 
 
 def test_a_log_every_the_user_sets_is_kept_exactly(monkeypatch):

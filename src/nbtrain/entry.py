@@ -95,10 +95,11 @@ class watch:
     log_every, count_flops, ...); one the loop decides (epochs, lr, optimizer, ...) is a
     ConfigError. `optimize=False` only watches: the loop runs exactly as written.
     `progress` as in fit. A record comes every `log_every` steps; left at its default, at
-    least 50 ms apart from step 30 on (`run.resolved["log_every"]`). `run.stop()`, the
-    Dashboard's Stop button, the notebook's interrupt or Ctrl-C end the loop at the next
-    step boundary without an error; an exception of the loop comes out unchanged, the Run
-    marked failed. Every hook and patch is undone on the way out.
+    least 50 ms and at most 10 x log_every steps apart from step 30 on
+    (`run.resolved["log_every"]`). `run.stop()`, the Dashboard's Stop button, the
+    notebook's interrupt or Ctrl-C end the loop at the next step boundary without an
+    error; an exception of the loop comes out unchanged, the Run marked failed. Every hook
+    and patch is undone on the way out.
     """
 
     def __init__(self, config: Optional[TrainConfig] = None, *, optimize: bool = True,

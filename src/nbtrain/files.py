@@ -64,13 +64,15 @@ def cache_dir() -> Path:
     """Where nbtrain caches measurements (autotune's answers, a machine's peak FLOP/s):
     $NBTRAIN_CACHE_DIR, else $XDG_CACHE_HOME/nbtrain, else ~/.cache/nbtrain."""
     env = os.environ
-    return _cache_dir(env.get("NBTRAIN_CACHE_DIR"), env.get("XDG_CACHE_HOME"), env.get("HOME"))
+    return _cache_dir(env.get("NBTRAIN_CACHE_DIR"), env.get("XDG_CACHE_HOME"),
+                      env.get("HOME"), env.get("USERPROFILE"))
 
 
 @functools.lru_cache(maxsize=8)
-def _cache_dir(own: Optional[str], xdg: Optional[str], home: Optional[str]) -> Path:
-    """By the variables it depends on: each run asks (the FLOP peak's and bf16's caches),
-    and building the Path costs more than the lookup (~15 us)."""
+def _cache_dir(own: Optional[str], xdg: Optional[str], *home: Optional[str]) -> Path:
+    """By the variables it depends on (`home`: Path.home()'s on POSIX and on Windows): each
+    run asks (the FLOP peak's and bf16's caches), and building the Path costs more than
+    the lookup (~15 us)."""
     if own:
         return Path(own)
     root = xdg or Path.home() / ".cache"

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import math
 import time
 import weakref
 from collections import deque
@@ -70,11 +71,14 @@ KEPT = "your loop's own"
 _item = torch._C.TensorBase.item   # torch's own, under the watch's counting wrapper
 READS = ("item", "tolist")   # the host reads counted when the tensor has a graph, too
 READS_COUNTED_FOR = 30   # steps; then the rate counted stands (_stop_counting_reads)
-# The default log_every's records, from READS_COUNTED_FOR on: every 10 steps and at least this
-# far apart. A record costs ~50 us of cold Python (docs/guide/measured.md): every 10 steps of
-# a 0.5 ms step, that is 1% of the loop's time, for 200 records a second where the Dashboard
-# draws 4 times a second. A log_every the user sets is kept exactly.
+# The default log_every's records, from READS_COUNTED_FOR on: every 10 steps, at least
+# RECORD_EVERY_S apart and at most RECORDS_MERGED x 10 steps. A record costs ~50 us of cold
+# Python (docs/guide/measured.md): every 10 steps of a 0.5 ms step, that is 1% of the loop's
+# time, for 200 records a second where the Dashboard draws 4 times a second. The bound in
+# steps bounds how late a non-finite loss on a GPU is seen (on the CPU it is seen at once,
+# _record_due). A log_every the user sets is kept exactly.
 RECORD_EVERY_S = 0.05
+RECORDS_MERGED = 10
 
 
 class StopWatching(BaseException):
@@ -542,25 +546,34 @@ class Watcher:
     def _describe_log_every(self) -> None:
         every = self._log_every
         why = "asked for: a record every {} step(s)".format(every) if not self._record_floor_s \
-            else (f"a record every {every} steps and at least {self._record_floor_s * 1e3:.0f} ms "
-                  f"apart (from step {READS_COUNTED_FOR}): a record costs the loop ~50 us; "
-                  f"nt.watch(log_every={every}) records exactly every {every}")
+            else (f"a record every {every} steps, at least {self._record_floor_s * 1e3:.0f} ms and "
+                  f"at most {every * RECORDS_MERGED} steps apart (from step {READS_COUNTED_FOR}): "
+                  f"a record costs the loop ~50 us; nt.watch(log_every={every}) records "
+                  f"exactly every {every}")
         self.run.resolved["log_every"] = (every, why)
 
     def _record_due(self) -> None:
         """log_every more steps: a record, or, where the default's records would come closer
         together than RECORD_EVERY_S, a look again after log_every more. While host reads
-        are counted, a record every log_every steps (_log counts them per record)."""
+        are counted, a record every log_every steps (_log counts them per record). Losses
+        read at once (the CPU) are looked at each time: a non-finite one is recorded now,
+        so that on_nan='stop' ends the loop as soon as without the floor."""
+        interval = self.interval
         if self._read_patches or not self._record_floor_s or \
-                time.perf_counter() - self.interval.t0 >= self._record_floor_s:
+                interval.steps >= self._log_every * RECORDS_MERGED or \
+                time.perf_counter() - interval.t0 >= self._record_floor_s:
             self._log()
-            self._record_at = self._log_every
+        elif self._reads_at_once and not math.isfinite(sum(interval.losses)):
+            self._log(flush=True)   # its record now, not at the next close
         else:
             self._record_at += self._log_every
+            return
+        self._record_at = self._log_every
 
-    def _log(self) -> None:
+    def _log(self, flush: bool = False) -> None:
         """Close the interval with the loop's counts since the last record (counted here,
-        not per step: each call in a step is time the loop waits for)."""
+        not per step: each call in a step is time the loop waits for); `flush`: emit its
+        record now (Interval.close emits the one before)."""
         interval = self.interval
         if self._read_patches:
             reads = self._host_reads
@@ -580,6 +593,8 @@ class Watcher:
         self._inside = True   # the record's reads of the losses are not the loop's
         try:
             log_interval(self.run, interval, _lr(self.run.optimizer))
+            if flush:
+                flush_interval(self.run, interval)
         finally:
             self._inside = False
 
@@ -883,6 +898,8 @@ class Watcher:
                 if interval.steps:
                     self._log()
                 flush_interval(run, interval)
+        if state == "finished" and run.diverged:   # a non-finite loss in the last records
+            state = "stopped"
         device = self.device or torch.device("cpu")
         run.finish(state, read_rng=lambda: ckpt.rng_state(device),
                    elapsed_s=time.perf_counter() - self._started, error=error)
