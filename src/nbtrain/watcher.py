@@ -10,7 +10,8 @@ watch only:
 - the loss is the tensor `Tensor.backward` ran on, detached and kept on the device (the
   Interval reads it once per record, as in fit; on the CPU, where a read is no sync, it
   is read at once); a record every `log_every` steps, and with the default log_every at
-  least RECORD_EVERY_S apart from step READS_COUNTED_FOR on (_record_due);
+  least RECORD_EVERY_S and at most RECORDS_MERGED x log_every steps apart from step
+  READS_COUNTED_FOR on (_record_due);
 - the model is the first module called with trainable parameters; samples are counted
   from the training DataLoader's batches, or, where the loop iterates none (or autocast
   or channels_last change the forward), from the batch the model's outermost forward
@@ -72,7 +73,7 @@ _item = torch._C.TensorBase.item   # torch's own, under the watch's counting wra
 READS = ("item", "tolist")   # the host reads counted when the tensor has a graph, too
 READS_COUNTED_FOR = 30   # steps; then the rate counted stands (_stop_counting_reads)
 # The default log_every's records, from READS_COUNTED_FOR on: every 10 steps, at least
-# RECORD_EVERY_S apart and at most RECORDS_MERGED x 10 steps. A record costs ~50 us of cold
+# RECORD_EVERY_S and at most RECORDS_MERGED x 10 steps apart. A record costs ~50 us of cold
 # Python (docs/guide/measured.md): every 10 steps of a 0.5 ms step, that is 1% of the loop's
 # time, for 200 records a second where the Dashboard draws 4 times a second. The bound in
 # steps bounds how late a non-finite loss on a GPU is seen (on the CPU it is seen at once,
@@ -545,7 +546,7 @@ class Watcher:
 
     def _describe_log_every(self) -> None:
         every = self._log_every
-        why = "asked for: a record every {} step(s)".format(every) if not self._record_floor_s \
+        why = f"asked for: a record every {every} step(s)" if not self._record_floor_s \
             else (f"a record every {every} steps, at least {self._record_floor_s * 1e3:.0f} ms and "
                   f"at most {every * RECORDS_MERGED} steps apart (from step {READS_COUNTED_FOR}): "
                   f"a record costs the loop ~50 us; nt.watch(log_every={every}) records "
