@@ -882,14 +882,6 @@ class Watcher:
                 self._update_scale()
         self.remove()
         run, interval = self.run, self.interval
-        stopped = isinstance(exc, StopWatching) or (exc is None and run.stop_requested)
-        error = exc if exc is not None and not isinstance(
-            exc, (StopWatching, KeyboardInterrupt)) else None
-        if stopped or isinstance(exc, KeyboardInterrupt):
-            state = "interrupted" if run.interrupted or isinstance(exc, KeyboardInterrupt) \
-                else "stopped"
-        else:
-            state = "failed" if error is not None else "finished"
         if self._copies_pending and self._training_loader is not None:
             self._no_copies("your loop took no second batch from its loader: nothing to "
                             "copy ahead")
@@ -899,8 +891,15 @@ class Watcher:
                 if interval.steps:
                     self._log()
                 flush_interval(run, interval)
-        if state == "finished" and run.diverged:   # a non-finite loss in the last records
-            state = "stopped"
+        # after the last records: a non-finite loss in them stops the run too (run.diverge)
+        stopped = isinstance(exc, StopWatching) or (exc is None and run.stop_requested)
+        error = exc if exc is not None and not isinstance(
+            exc, (StopWatching, KeyboardInterrupt)) else None
+        if stopped or isinstance(exc, KeyboardInterrupt):
+            state = "interrupted" if run.interrupted or isinstance(exc, KeyboardInterrupt) \
+                else "stopped"
+        else:
+            state = "failed" if error is not None else "finished"
         device = self.device or torch.device("cpu")
         run.finish(state, read_rng=lambda: ckpt.rng_state(device),
                    elapsed_s=time.perf_counter() - self._started, error=error)
