@@ -616,10 +616,12 @@ def test_an_own_loop_cell_runs_once_inside_a_watch_and_the_run_lands(ip, capsys)
     assert "batched_fetch" in capsys.readouterr().out   # the summary, with its reasons
 
 
-def test_an_option_the_own_loop_decides_is_a_usage_error_saying_so(ip):
-    text = usage_error(ip, f"%%fasttrain --epochs 3\n{OWN_LOOP}")
-    assert "--epochs: the loop in this cell decides it" in text and "--amp" in text
-    assert "steps" not in ip.user_ns   # refused before the cell ran
+def test_an_option_the_own_loop_decides_is_not_applied_and_the_cell_says_so(ip, capsys):
+    result = ip.run_cell(f"%%fasttrain --epochs 3 --amp off\n{OWN_LOOP}")
+    assert result.error_in_exec is None, result.error_in_exec
+    assert ip.user_ns["steps"] == ip.user_ns["run"].step == 16   # the loop's own 2 epochs
+    out = capsys.readouterr().out
+    assert "Not applied: --epochs" in out and "--amp" in out
 
 
 def test_a_stop_ends_the_own_loop_quietly_at_a_step_boundary(ip, capsys):
@@ -641,9 +643,48 @@ def test_the_own_loops_error_is_shown_and_the_failed_run_kept(ip, capsys):
     assert "The loop failed (error above)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("cell, own", [
-    ("loss.backward()", True), ("scaler.scale(loss).backward(retain_graph=True)", True),
-    ("model = nn.Linear(2, 2)  # no .backward() here", False), ("s = 'x.backward()'", False),
-])
-def test_an_own_loop_is_a_cell_that_calls_backward(cell, own):
-    assert magic.calls_backward(cell) is own
+QUICKSTART_FUNCTIONS = """
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+training = DataLoader(TensorDataset(torch.randn(128, 8), torch.randint(0, 3, (128,))), batch_size=16)
+testing = DataLoader(TensorDataset(torch.randn(64, 8), torch.randint(0, 3, (64,))), batch_size=16)
+net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+opt = torch.optim.SGD(net.parameters(), 1e-2)
+
+def train(dataloader, model, loss_fn, optimizer):
+    model.train()
+    for X, y in dataloader:
+        loss = loss_fn(model(X), y)
+        loss.backward()   # the text is in this cell, the call in the next one
+        optimizer.step()
+        optimizer.zero_grad()
+
+def test(dataloader, model, loss_fn):
+    model.eval()
+    with torch.no_grad():
+        return sum(loss_fn(model(X), y).item() for X, y in dataloader)
+"""
+
+
+def test_a_cell_that_trains_through_a_function_it_calls_is_watched(ip, capsys):
+    """The PyTorch quickstart's shape: train() defined in one cell, called in the next."""
+    ip.run_cell(QUICKSTART_FUNCTIONS)
+    result = ip.run_cell("%%fasttrain --no-count-flops\nfor t in range(3):\n"
+                         "    train(training, net, nn.CrossEntropyLoss(), opt)\n"
+                         "    test(testing, net, nn.CrossEntropyLoss())")
+    assert result.error_in_exec is None, result.error_in_exec
+    run = ip.user_ns["run"]
+    assert run.state == "finished" and run.step == 3 * 8 and run.model is ip.user_ns["net"]
+    assert sum(r["samples"] for r in run.records()) == 3 * 128   # the test loader's are not
+    assert run.epoch == 2
+
+
+def test_a_cell_that_only_defines_is_trained_by_fit_and_leaves_no_watch(ip):
+    result = ip.run_cell("%%fasttrain --max-steps 3 --no-count-flops\n"
+                         "model = nn.Linear(8, 3)  # s = 'x.backward()' in a comment\n"
+                         "train_data = (torch.randn(64, 8), torch.randint(0, 3, (64,)))\n"
+                         "loss_fn = nn.CrossEntropyLoss()")
+    assert result.error_in_exec is None, result.error_in_exec
+    run = ip.user_ns["run"]
+    assert run.step == 3 and "your own" not in run.resolved.get("loop", ("fit's",))[0]

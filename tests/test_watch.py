@@ -102,22 +102,26 @@ def test_a_loss_on_another_device_than_the_models_is_kept_there_not_read_each_st
 
 
 def test_samples_come_from_the_loaders_batches_and_the_model_keeps_its_fast_path():
+    """No hook on the model ever (it would travel with a pickle or a deepcopy); the global
+    forward hooks only while the forward needs them (here: autocast)."""
+    from torch.nn.modules import module as modules
     x, y = data()
     model = net(dropout=0.0)
     opt = torch.optim.SGD(model.parameters(), 0.1)
     hooks = []
 
     def check_and_evaluate(_steps):
-        hooks.append(len(model._forward_pre_hooks) + len(model._forward_hooks))
+        hooks.append((len(model._forward_pre_hooks) + len(model._forward_hooks),
+                      len(modules._global_forward_pre_hooks) + len(modules._global_forward_hooks)))
         with torch.no_grad():   # an evaluation forward between steps: no training samples
             model(x[:100])
     with nt.watch(optimize=False, log_every=4, **QUIET) as run:
         train(model, opt, loader_of(x, y), epochs=1, every_step=check_and_evaluate)
-    assert hooks == [0] * 8   # no hook: each forward takes nn.Module's fast path
+    assert hooks == [(0, 0)] * 8   # no hook: each forward takes nn.Module's fast path
     assert [r["samples"] for r in run.records("train")] == [4 * 32, 4 * 32]
     with nt.watch(amp="bf16", log_every=4, **QUIET) as run:   # autocast: the forward is hooked
         train(model, opt, loader_of(x, y), epochs=1, every_step=check_and_evaluate)
-    assert hooks[8:] == [2] * 8
+    assert hooks[8:] == [(0, 2)] * 8
     assert [r["samples"] for r in run.records("train")] == [4 * 32, 4 * 32]   # not the 100s
 
 
@@ -259,12 +263,12 @@ def test_a_hugging_face_style_loop_with_dict_batches():
     batches = [{"input_ids": torch.randint(0, 50, (8, 5)), "labels": torch.randint(0, 2, (8,))}
                for _ in range(6)]
     with nt.watch(log_every=3, progress=False) as run:   # FLOPs counted on keyword inputs
-        for batch in batches:   # a list, not a DataLoader
+        for batch in batches * 40:   # a list, not a DataLoader; long enough to count
             model(**batch).loss.backward()
             opt.step()
             opt.zero_grad()
-    assert run.step == 6 and [r["samples"] for r in run.records()] == [24, 24]
-    assert run.resolved["flops_per_step"][0] > 0
+    assert run.step == 240 and [r["samples"] for r in run.records()] == [24] * 80
+    assert run.resolved["flops_per_step"][0] > 0, run.resolved["flops_per_step"]
 
 
 def test_an_evaluation_loop_without_backward_makes_no_step():
@@ -315,8 +319,8 @@ def test_host_reads_are_counted_over_the_first_steps_then_torchs_methods_are_bac
 
 
 def test_the_default_records_come_at_least_record_every_s_apart_once_reads_are_counted(monkeypatch):
-    from nbtrain import watcher
-    monkeypatch.setattr(watcher, "RECORD_EVERY_S", 3600.0)   # no record is due in this test
+    from nbtrain.watcher import settings
+    monkeypatch.setattr(settings, "RECORD_EVERY_S", 3600.0)   # no record is due in this test
     x, y = data(2048)
     model = net()
     with nt.watch(optimize=False, **QUIET) as run:
@@ -349,8 +353,8 @@ class NaNFrom(nn.Module):
 
 
 def test_a_non_finite_loss_stops_the_loop_as_soon_as_without_the_record_floor(monkeypatch):
-    from nbtrain import watcher
-    monkeypatch.setattr(watcher, "RECORD_EVERY_S", 3600.0)
+    from nbtrain.watcher import settings
+    monkeypatch.setattr(settings, "RECORD_EVERY_S", 3600.0)
     x, y = data(2048)
     model = NaNFrom(bad=57)
     with nt.watch(optimize=False, **QUIET) as run:
@@ -373,8 +377,8 @@ def test_a_non_finite_loss_in_the_last_steps_ends_the_watch_stopped_not_finished
 
 
 def test_a_log_every_the_user_sets_is_kept_exactly(monkeypatch):
-    from nbtrain import watcher
-    monkeypatch.setattr(watcher, "RECORD_EVERY_S", 3600.0)
+    from nbtrain.watcher import settings
+    monkeypatch.setattr(settings, "RECORD_EVERY_S", 3600.0)
     x, y = data(2048)
     for settings in (dict(log_every=10), dict(config=nt.TrainConfig(log_every=20))):
         model = net()
@@ -528,7 +532,7 @@ class SlowRows(torch.utils.data.Dataset):
 
 def test_a_loop_that_waits_for_its_per_sample_data_gets_workers_from_its_second_epoch(monkeypatch):
     import psutil
-    monkeypatch.setattr("nbtrain.watcher.available_cores", lambda: 2)
+    monkeypatch.setattr("nbtrain.watcher.loader.available_cores", lambda: 2)
     model = net(dropout=0.0)
     opt = torch.optim.SGD(model.parameters(), 0.1)
     unwatched = DataLoader(SlowRows(), batch_size=32, shuffle=True,
@@ -794,7 +798,7 @@ def test_the_copies_ahead_reach_the_loops_own_to_with_meta_standing_in_for_cuda(
     its third batch each `.to("meta")` gets the copy made one batch ahead, while the loop
     is handed its loader's own CPU batches, in the loader's order."""
     import contextlib
-    from nbtrain import watcher as watcher_module
+    from nbtrain.watcher import loader as watcher_module
     from nbtrain.data import moves
 
     class Stream:

@@ -156,23 +156,35 @@ def cpu_bf16_choice(step, key, may_measure: str = "") -> Choice:
 def _bf16_gain(step, key, measure: bool = True) -> Tuple[Optional[float], str]:
     """(fp32 time / bf16 time, how it is known) for `key` on this machine; (None, '')
     when it is not known and not to be measured."""
+    gain, source = known_bf16_gain(key)
+    if gain is not None or not measure:
+        return gain, source
+    gain = measure_bf16_speedup(step)
+    remember_bf16_gain(key, gain)
+    return gain, "measured"
+
+
+def known_bf16_gain(key) -> Tuple[Optional[float], str]:
+    """(gain, how it is known) for `key` from $NBTRAIN_BF16_GAIN, this process or the disk;
+    (None, '') when it was never measured here."""
     if os.environ.get("NBTRAIN_BF16_GAIN"):
         return float(os.environ["NBTRAIN_BF16_GAIN"]), "given ($NBTRAIN_BF16_GAIN)"
     if key in _BF16_GAINS:
         return _BF16_GAINS[key], "measured"
-    path = _gain_file(key)
     try:
-        _BF16_GAINS[key] = json.loads(path.read_text())["gain"]
+        _BF16_GAINS[key] = json.loads(_gain_file(key).read_text())["gain"]
         return _BF16_GAINS[key], "measured (earlier, on this machine)"
-    except (OSError, ValueError, KeyError):   # never measured here, or damaged: measure
-        pass
-    if not measure:
+    except (OSError, ValueError, KeyError):   # never measured here, or damaged
         return None, ""
-    gain = _BF16_GAINS[key] = measure_bf16_speedup(step)
+
+
+def remember_bf16_gain(key, gain: float) -> None:
+    """Keep a measured gain for `key`, in this process and on disk (a read-only home: in
+    this process only)."""
+    _BF16_GAINS[key] = gain
     from .files import atomic_write
-    with contextlib.suppress(OSError), atomic_write(path, "w") as f:   # a read-only home
+    with contextlib.suppress(OSError), atomic_write(_gain_file(key), "w") as f:
         json.dump({"gain": gain, "key": repr(key)[:2000]}, f)
-    return gain, "measured"
 
 
 def _gain_file(key):

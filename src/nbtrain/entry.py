@@ -7,7 +7,7 @@ for every engine.
     fit -> prepare (prepare.py: every "auto" resolved, every part built)
         -> loop.train_safely (this process) | distributed's ranks | Ray Train's workers
 
-watch wraps a loop the user wrote: the own-loop engine (watcher.py) feeds the same Run.
+watch wraps a loop the user wrote: the own-loop engine (the watcher package) feeds the same Run.
 """
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ class watch:
     ...         loss.backward(); opt.step()
     >>> print(run.summary_text())
 
-    `settings`: the TrainConfig fields that apply to someone else's loop (watcher.py's
+    `settings`: the TrainConfig fields that apply to someone else's loop (watcher/settings.py's
     OWN_LOOP_FIELDS: amp, batched_fetch, pin_memory, prefetch_to_device, optimizer_impl,
     log_every, count_flops, ...); one the loop decides (epochs, lr, optimizer, ...) is a
     ConfigError. `optimize=False` only watches: the loop runs exactly as written.
@@ -121,6 +121,11 @@ class watch:
         _remember(self.run)
         self.run.start()
         return self.run
+
+    @property
+    def trained(self) -> bool:
+        """Whether the watched code ran a backward (%%fasttrain: the cell trained itself)."""
+        return self._watcher._trained
 
     def __exit__(self, kind, exc, traceback) -> bool:
         try:   # the run ends under the watch's handler: a Ctrl-C now stops, not raises

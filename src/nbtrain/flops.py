@@ -246,6 +246,27 @@ def probed_peak(device: torch.device, prec: str, threads: int) -> tuple:
                              f"{entry['n']}x{entry['n']} matmuls{where} (cached in {path})")
 
 
+def peak_known(device: torch.device, amp: str) -> bool:
+    """Whether run_peak for a run at `amp` needs no probe: from the table (a known GPU), or
+    probed before on this machine (this process, or its file) and not stale."""
+    precs = {precision(amp, device), conv_precision(amp, device)}
+    return all(_peak_cached(device, prec, torch.get_num_threads()) for prec in precs)
+
+
+def _peak_cached(device: torch.device, prec: str, threads: int) -> bool:
+    if device.type == "cuda" and table_peak(torch.cuda.get_device_name(device),
+                                            torch.cuda.get_device_capability(device), prec):
+        return True
+    _, key = _peak_key(device, prec, threads)
+    entry = _PROBED.get(key)
+    if entry is None:
+        try:
+            entry = json.loads((cache_dir() / "peak" / f"{key}.json").read_text())
+        except (OSError, ValueError):
+            return False
+    return not _stale(entry, device)
+
+
 def _stale(entry: dict, device: torch.device) -> bool:
     """Other processes on the CPU only ever slow the probe down, so a figure measured under
     load reads low (and MFU high). Measure again once the load has fallen by more than half
@@ -291,8 +312,10 @@ def probe_gemm(device: torch.device, dtype: torch.dtype, largest: int = 8192) ->
     not the median: a peak is what the hardware can do, and sharing the cores with other
     processes (or a GPU's clock ramping up) only ever makes a timing slower."""
     n = 512
+    generator = torch.Generator(device=device).manual_seed(0)   # not the user's RNG
     while True:
-        a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
+        a, b = (torch.randn(n, n, device=device, generator=generator).to(dtype)
+                for _ in range(2))
         seconds = min(_matmul_seconds(a, b) for _ in range(2))   # the first is the warm-up
         if seconds >= MIN_TIMED_S or n >= largest:
             break

@@ -133,12 +133,11 @@ class FastTrainMagics(Magics):
         if args.out is not None:
             _check_out_name(args.out)
         ns = self.shell.user_ns
-        if cell and calls_backward(cell):   # a loop of your own: run it once, watched
-            self._watch_cell(ns, args, cell)
-            return
         if args.config is None and args.resume is None:   # a bad option fails before the body runs
             _apply_options(TrainConfig(), _with_named_factories(args, ns, cell))
-        defined = self._run_body(cell)
+        trained, defined = self._run_body_watched(ns, args, cell)
+        if trained:   # the cell trained by itself, through whatever it called: that is the run
+            return
         args = _with_named_factories(args, ns)
         resume = _resume_target(ns, args.resume)
         args.out = args.out or (args.resume if _is_run(resume) else "run")
@@ -169,29 +168,80 @@ class FastTrainMagics(Magics):
         ns[args.out] = result
         display(result)
 
-    def _watch_cell(self, ns: dict, args, cell: str) -> None:
-        """The cell's own loop, run once inside nt.watch with the options given; the Run
-        in `run` (--out). A Stop or Ctrl-C ends the loop quietly at a step boundary."""
-        import nbtrain
-        if args.resume or args.compare or args.background:
-            raise UsageError("--resume, --compare and --background train with nbtrain's own "
-                             "loop; this cell runs a loop of its own (it calls .backward()). "
-                             "Drop them, or define model, train_data and loss_fn instead.")
-        given = {name: value for name, value in vars(args).items()
-                 if name in FIELD_NAMES and value is not None}
-        config = _base_config(ns, args.config, None) if args.config else None
-        progress = _dashboard_progress() if args.dashboard else "auto"
-        try:
-            watch = nbtrain.watch(config, progress=progress, **given)
-        except ConfigError as err:
-            raise UsageError(_loop_decides(err)) from None
-        args.out = args.out or "run"
-        ns[args.out] = run = watch.__enter__()
+    def _run_body_watched(self, ns: dict, args, cell) -> tuple:
+        """Run the cell body inside nt.watch (the options that apply to a loop of one's
+        own): a body that trains, itself or through any function it calls, is watched
+        from its first step, and its Run lands in `run` (--out). (trained, names bound)."""
+        if not cell or not cell.strip():
+            return False, []
+        self._refused = []
+        watch = self._cell_watch(ns, args)
+        out = args.out or "run"
+        before = dict(ns)   # holds references, so a new object cannot reuse an old id
+        run = watch.__enter__()
+        if args.resume is None:   # the loop may stop itself: run.stop() in the cell
+            ns[out] = run
         error = self._run_watched(cell, watch)
+        defined = [name for name, value in ns.items()
+                   if not name.startswith("_") and before.get(name, _MISSING) is not value
+                   and value is not run]
+        if not watch.trained:
+            self._forget_watch(ns, out, before, run)
+            if error is not None:
+                raise UsageError("The cell body failed (error above), so training did not start.")
+            return False, defined
+        ns[out] = run
+        self._say_what_the_loop_decided(args, self._refused)
         if error is not None and run.state == "failed":
-            print(f"The loop failed (error above); the Run, with its records, is in `{args.out}`.")
-            return
-        print(run.summary_text())
+            print(f"The loop failed (error above); the Run, with its records, is in `{out}`.")
+        else:
+            print(run.summary_text())
+        return True, defined
+
+    def _cell_watch(self, ns: dict, args):
+        """nt.watch with the options (and --config's fields) that apply to a loop of one's own."""
+        import nbtrain
+        given = {name: value for name, value in vars(args).items()
+                 if name in OWN_LOOP_FIELDS and value is not None}
+        config = ns.get(args.config) if args.config else None
+        if isinstance(config, TrainConfig):
+            defaults = TrainConfig()
+            given = {**{name: getattr(config, name) for name in OWN_LOOP_FIELDS
+                        if getattr(config, name) != getattr(defaults, name)}, **given}
+        progress = _when_it_trains(args.dashboard)
+        while True:   # a value a watch refuses (on_nan='skip') is fit's alone: left to fit
+            try:
+                return nbtrain.watch(progress=progress, **given)
+            except ConfigError as err:
+                if err.field not in given:
+                    raise UsageError(str(err)) from None
+                del given[err.field]
+                self._refused = getattr(self, "_refused", []) + [SETTINGS[err.field].flag]
+
+    @staticmethod
+    def _forget_watch(ns: dict, out: str, before: dict, run) -> None:
+        """A body that trained nothing: no Run of the watch kept, `out` as it was."""
+        if ns.get(out) is run:
+            if out in before:
+                ns[out] = before[out]
+            else:
+                del ns[out]
+        discard = getattr(run, "discard", None)
+        if discard is not None:   # the run store's row for it
+            discard()
+
+    @staticmethod
+    def _say_what_the_loop_decided(args, refused: list) -> None:
+        """The options a loop of one's own decides itself: given, but not applied."""
+        loops = [SETTINGS[name].flag for name, value in vars(args).items()
+                 if name in FIELD_NAMES and name not in OWN_LOOP_FIELDS and value is not None]
+        loops += refused
+        loops += [flag for flag, value in (("--resume", args.resume), ("--compare", args.compare),
+                                           ("--background", args.background)) if value]
+        if loops:
+            print(f"Not applied: {', '.join(loops)} (this cell runs a loop of its own, which "
+                  "decides them; with a loop of your own %%fasttrain applies "
+                  + ", ".join(SETTINGS[name].flag for name in OWN_LOOP_FIELDS) + ").")
 
     def _run_watched(self, cell: str, watch):
         """Run the cell; its error (shown by IPython as in any cell) ends the watch."""
@@ -210,43 +260,7 @@ class FastTrainMagics(Magics):
                        error.__traceback__ if error else None)
         return error
 
-    def _run_body(self, cell) -> list:
-        """Run the cell body in the user namespace; return the names it bound."""
-        ns = self.shell.user_ns
-        before = dict(ns)   # holds references, so a new object cannot reuse an old id
-        if cell and cell.strip():
-            # run_cell (as %%capture does) so magics and tracebacks work as in any cell
-            if not self.shell.run_cell(cell).success:
-                raise UsageError("The cell body failed (error above), so training did not start.")
-        return [name for name, value in ns.items()
-                if not name.startswith("_") and before.get(name, _MISSING) is not value]
-
-
 # -- a cell with a loop of its own ----------------------------------------------------------
-
-def calls_backward(cell: str) -> bool:
-    """Whether the cell's code calls `.backward(` itself (read from its tokens, so a
-    comment or a string that mentions it does not count)."""
-    import io
-    import tokenize
-    try:
-        tokens = [t for t in tokenize.generate_tokens(io.StringIO(cell).readline)
-                  if t.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE)]
-    except (tokenize.TokenError, SyntaxError):   # IPython syntax (%magics, !shell) is fine
-        return ".backward(" in cell
-    return any(a.string == "." and b.string == "backward" and c.string == "("
-               for a, b, c in zip(tokens, tokens[1:], tokens[2:]))
-
-
-def _loop_decides(err: ConfigError) -> str:
-    """A watch's ConfigError in the magic's words: the option, not the field."""
-    if err.field in SETTINGS and "belongs to your loop" in str(err):
-        return (f"{SETTINGS[err.field].flag}: the loop in this cell decides it (its "
-                "DataLoader, optimizer, scheduler, epochs); change it in the cell. With a "
-                "loop of your own %%fasttrain takes: " + ", ".join(
-                    SETTINGS[name].flag for name in OWN_LOOP_FIELDS) + ".")
-    return str(err)
-
 
 # -- options -> TrainConfig -----------------------------------------------------------------
 
@@ -479,6 +493,24 @@ def _train(ns: dict, args, config: TrainConfig, resume, inputs: dict):
         raise UsageError(str(err)) from None
     ns[args.out] = run
     return run
+
+
+def _when_it_trains(dashboard: bool):
+    """The watch's viewer for a cell body, shown at its first record: a body that only
+    defines shows no empty bar or chart (and no word about the dashboard)."""
+    def attach(run) -> None:
+        def first(record) -> None:
+            if record["kind"] != "train":   # the end's record of a watch that trained nothing
+                return
+            run.unsubscribe(first)
+            progress = _dashboard_progress() if dashboard else "auto"
+            if callable(progress):
+                progress(run)
+            else:
+                from .progress import attach_progress
+                attach_progress(run)
+        run.subscribe(first)
+    return attach
 
 
 def _dashboard_progress():

@@ -238,6 +238,13 @@ class Interval:
         self.micro_ends.append(self.micro)
         self.samples_done = self.samples
 
+    def extend_step(self) -> None:
+        """The micro-batches since the last step belong to it (nt.watch: a second
+        optimizer's backward after the first one's step)."""
+        if self.micro_ends:
+            self.micro_ends[-1] = self.micro
+        self.samples_done = self.samples
+
     def drop_unfinished_step(self) -> None:
         """Forget the micro-batches of a step that did not finish (an error, a second
         Ctrl-C): a record holds completed steps only, and the run resumes before it."""

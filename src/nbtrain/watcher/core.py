@@ -1,0 +1,290 @@
+"""The Watcher: one watch of a loop the user wrote. What it sees, through torch's global
+hooks and a few functions it wraps until the watch ends; nothing is put on the user's
+objects, so the model, its optimizer and their copies pickle as they would unwatched.
+
+- the model: the first outermost module called with gradients on and trainable
+  parameters (global module forward hooks, kept only while something needs the model's
+  forward: samples without a DataLoader, autocast, channels_last, a measurement due);
+- the loss: the tensor `Tensor.backward` runs on, detached (records.py reads it);
+- a step: see steps.py (an optimizer step, or an update by hand);
+- the batches: see loader.py; the copies to the GPU: copies.py.
+
+What it changes (optimize=True only): precision.py (autocast, fp16's scaler), loader.py
+(batched fetch, workers), copies.py (copies one batch ahead), steps.py (the fused
+optimizer kernel). What it measures, within 5% of the loop's own time: measure.py.
+`Watcher.remove` undoes every hook and patch on every way out; `finish` ends the Run.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Optional
+
+import torch
+from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                   register_optimizer_step_pre_hook)
+from torch.utils.data import DataLoader
+
+from .. import checkpoint as ckpt
+from ..run import Run
+from ..telemetry import HostTimer, Interval, RestTimer
+from .copies import CopiesPart
+from .loader import KEPT, LoaderPart, StopWatching, samples_in
+from .measure import MeasurePart
+from .precision import PrecisionPart
+from .records import RecordsPart
+from .steps import StepsPart
+
+_current_node = torch._C._current_autograd_node   # not None while a backward runs
+
+
+class Watcher(LoaderPart, CopiesPart, PrecisionPart, StepsPart, RecordsPart, MeasurePart):
+    """The hooks of one watch and the bookkeeping they do; see the module's docstring."""
+
+    active: Optional["Watcher"] = None   # one watch at a time in a process
+
+    def __init__(self, run: Run, optimize: bool, record_floor_s: float = 0.0):
+        self.run, self.optimize = run, optimize
+        self.model = self.interval = self.device = None
+        self._undo = []                 # what remove() calls, last first
+        self._inside = False            # nbtrain's own code runs: its calls are not the loop's
+        self._depth = 0                 # module calls in progress, until the model is found
+        self._forward_hooks = []        # the global forward hooks' handles, while needed
+        self._samples = 0               # samples of the step's batches not yet added to a loss
+        self._backwards = 0             # backward() calls since the last step
+        self._trained = False           # the loop's first backward has run
+        self._at_boundary = True
+        self._started = time.perf_counter()
+        self._stop_asked = run.stop_check()
+        self._marks_steps = False       # the interval's timer marks each step's start
+        self._init_loader()
+        self._init_copies()
+        self._init_precision()
+        self._init_steps()
+        self._init_records(record_floor_s)
+        self._init_measure()
+
+    # -- install and undo -------------------------------------------------------------------
+    def install(self) -> None:
+        if Watcher.active is not None:
+            raise RuntimeError("nt.watch is already watching a loop in this process: end that "
+                               "`with nt.watch()` block first (a watch inside a watch would "
+                               "count every step twice).")
+        Watcher.active = self
+        self._undo.append(lambda: setattr(Watcher, "active", None))
+        try:
+            self._install_hooks()
+        except BaseException:
+            self.remove()
+            raise
+
+    def _install_hooks(self) -> None:
+        threads = self.run.config.num_threads
+        if threads != "auto" and self.optimize:   # for the watch only, as fit does
+            before = torch.get_num_threads()
+            torch.set_num_threads(threads)
+            self._keep(lambda: torch.set_num_threads(before))
+            self.run.resolved["num_threads"] = (threads, "asked for (for the watch only)")
+        self._keep(register_optimizer_step_pre_hook(self._before_step).remove)
+        self._keep(register_optimizer_step_post_hook(self._after_step).remove)
+        self._add_forward_hooks()
+        self._keep(self._remove_forward_hooks)
+        self._patch(torch.Tensor, "backward", self._wrap_backward)
+        self._patch(DataLoader, "__iter__", self._wrap_iter)
+        self._keep(self._stop_shadow_workers)   # undone first: before torch's iterator is back
+        self._install_steps()
+        self._install_records()
+        self._install_precision()
+        self._install_copies()
+
+    def _keep(self, undo) -> None:
+        self._undo.append(undo)
+
+    def _patch(self, owner, name: str, make):
+        """Replace `owner.name` with `make(original)` until remove(); an inherited one (a
+        C method of TensorBase) is removed again rather than set, so that lookup finds the
+        very object it found before. Returns the function that undoes it."""
+        own = name in owner.__dict__
+        original = owner.__dict__[name] if own else getattr(owner, name)
+        setattr(owner, name, make(getattr(owner, name)))
+        undone = []
+
+        def undo() -> None:   # once: some patches are undone early (host reads, copies)
+            if not undone:
+                undone.append(True)
+                setattr(owner, name, original) if own else delattr(owner, name)
+        self._undo.append(undo)
+        return undo
+
+    def remove(self) -> None:
+        """Undo every hook and patch, last first, whatever else fails."""
+        self._end_measuring()
+        self._exit_autocast()
+        self._take_back_scale()   # a step that failed: no post hook took them back
+        self._forget_copies()
+        while self._undo:
+            try:
+                self._undo.pop()()
+            except Exception:   # the next undo still runs
+                pass
+
+    # -- the model's forward: global hooks, since a hook on the model would travel with it --
+    def _add_forward_hooks(self) -> None:
+        hooks = torch.nn.modules.module
+        self._forward_hooks = [
+            hooks.register_module_forward_pre_hook(self._forward_starts),
+            hooks.register_module_forward_hook(self._forward_ends, with_kwargs=True,
+                                               always_call=True)]
+
+    def _remove_forward_hooks(self) -> None:
+        for handle in self._forward_hooks:
+            handle.remove()
+        self._forward_hooks = []
+
+    def _forward_needed(self) -> bool:
+        """Whether the model's forward still needs the hooks (each one takes every module
+        call off nn.Module's fast path: a sixth of what a watch added to a small step,
+        bench/instructions.py)."""
+        return self.model is None or self._training_loader is None or self._changes_forward()
+
+    def _drop_forward_hooks_if_unneeded(self) -> None:
+        if self._forward_hooks and not self._forward_needed():
+            self._remove_forward_hooks()
+
+    def _forward_starts(self, module, args):
+        if self._inside:
+            return None
+        if module is not self.model:
+            if self.model is None:
+                self._look_for_model(module)
+            return None
+        if _current_node() is not None:   # recomputed in a backward (checkpointing)
+            return None
+        if self._at_boundary:
+            self._stop_if_asked()
+        if torch.is_grad_enabled():   # an evaluation forward (no_grad) is no step's
+            if self._training_loader is None:   # else the training batch starts the step
+                if self._marks_steps:
+                    self.interval.step_starts()
+                self._forward_of_step()
+        return self._forward_changed(args)
+
+    def _look_for_model(self, module) -> None:
+        if self._depth == 0 and torch.is_grad_enabled() and \
+                any(p.requires_grad for p in module.parameters()):
+            self._found_model(module)
+        else:
+            self._depth += 1
+
+    def _forward_ends(self, module, args, kwargs, output):
+        if self._inside:
+            return None
+        if module is not self.model:
+            if self.model is None:
+                self._depth -= 1
+            return None
+        if _current_node() is not None:
+            return None
+        if self._training_loader is None and torch.is_grad_enabled():
+            self._samples += samples_in(args, kwargs)   # no DataLoader: the model's batch
+        return self._forward_done(output)
+
+    def _found_model(self, model) -> None:
+        """The model the loop trains, at the start of its first forward: what depends on it
+        is resolved from what the watch knows; nothing is run to find out."""
+        self.model = model
+        self.run.equip(model=model)
+        device = next(p for p in model.parameters() if p.requires_grad).device
+        self._ensure_interval(device)
+        self.run.resolved.setdefault("num_threads", (torch.get_num_threads(),
+                                                     KEPT + " (torch's setting)"))
+        self._resolve_precision(model)
+        self._plan_measuring(model)
+        if self._copies_pending and self._training_loader is None:
+            self._no_copies("your loop iterates no DataLoader (its model ran before any batch)")
+
+    def _ensure_interval(self, device: torch.device) -> Interval:
+        if self.interval is None:
+            self.device = device
+            self.run.resolved["loop"] = ("your own", "nt.watch: the loop you wrote, watched")
+            self.run.resolved.setdefault("device", (str(device), "your loop's: where the model is"))
+            # on the CPU a step's compute is what its data wait leaves (data wait: the
+            # loader's time; compute: the rest), with no timer call per step (RestTimer)
+            self.interval = Interval(device, self.run.step, self.run.config.telemetry,
+                                     host_timer=RestTimer if device.type == "cpu" else HostTimer)
+            self._marks_steps = self.interval.timer.marks_steps   # step_starts counts
+            if device.type == "cuda":   # the watch's peak, not the kernel's
+                torch.cuda.reset_peak_memory_stats(device)
+        return self.interval
+
+    # -- backward: the loss, one micro-batch ------------------------------------------------
+    def _wrap_backward(self, original):
+        watcher = self
+
+        def backward(tensor, *args, **kwargs):
+            if watcher._inside:
+                return original(tensor, *args, **kwargs)
+            watcher._on_backward(tensor)
+            result = original(watcher._scaled_for_backward(tensor), *args, **kwargs)
+            if watcher._hand is not None:
+                watcher._hand.note()
+            return result
+        return backward
+
+    def _on_backward(self, loss: torch.Tensor) -> None:
+        if self._backwards and self._hand is not None and self._hand.updated():
+            self._close_step()   # a loop updating by hand: its update came before this
+        if self._at_boundary:
+            if self._stop_asked():   # _stop_if_asked, inlined: this runs every step
+                raise StopWatching()
+            self._at_boundary = False
+        if not self._trained:
+            self._first_backward(loss)
+        self._add_loss(loss, self._samples)
+        self._samples = 0
+        self._backwards += 1
+
+    def _first_backward(self, loss: torch.Tensor) -> None:
+        self._trained = True
+        self._adopt_loader()
+        self._ensure_interval(loss.device)
+        self._watch_hand_updates(loss)
+        self._drop_forward_hooks_if_unneeded()
+
+    def _stop_if_asked(self) -> None:
+        """End the loop at the step boundary: after a finished step, before the next one
+        has changed anything (its batch may be loaded; its forward has not run). Called
+        only at a boundary: the callers, which run every step, check `_at_boundary` first."""
+        if self._stop_asked():   # Run.stop_requested, one call where the property makes two
+            raise StopWatching()
+
+    # -- the end ------------------------------------------------------------------------------
+    def finish(self, exc: Optional[BaseException]) -> bool:
+        """End the Run: undo every hook first, then the last records, then the state.
+        True when `exc` is the watch's own stop (the with block swallows it)."""
+        self._last_update()
+        self.remove()
+        run, interval = self.run, self.interval
+        self._finish_copies()
+        self._say_what_was_not_measured()
+        if interval is not None:
+            with contextlib.suppress(Exception):   # the user's error is the one to report
+                if exc is None and self._hand is not None and self._backwards:
+                    self._close_step()   # the last update by hand ran after its backward
+                interval.drop_unfinished_step()
+                if interval.steps:
+                    self._log()
+                self._flush()
+        # after the last records: a non-finite loss in them stops the run too (run.diverge)
+        stopped = isinstance(exc, StopWatching) or (exc is None and run.stop_requested)
+        error = exc if exc is not None and not isinstance(
+            exc, (StopWatching, KeyboardInterrupt)) else None
+        if stopped or isinstance(exc, KeyboardInterrupt):
+            state = "interrupted" if run.interrupted or isinstance(exc, KeyboardInterrupt) \
+                else "stopped"
+        else:
+            state = "failed" if error is not None else "finished"
+        device = self.device or torch.device("cpu")
+        run.finish(state, read_rng=lambda: ckpt.rng_state(device),
+                   elapsed_s=time.perf_counter() - self._started, error=error)
+        return isinstance(exc, StopWatching)

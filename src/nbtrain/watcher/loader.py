@@ -1,0 +1,285 @@
+"""What a watch sees of the loop's DataLoaders and what it changes there: the data wait
+(the time inside their iterator), the epochs of the training loader, its samples, and with
+optimize=True the batched fetch of a TensorDataset and worker processes for a per-sample
+loader that waits for data. `DataLoader.__iter__` is wrapped for the watch only
+(Watcher.install); the batches the loop gets are the ones its loader makes, in its order,
+drawing what it draws from the RNG."""
+from __future__ import annotations
+
+import time
+import weakref
+
+import torch
+from torch.utils.data import (BatchSampler, DataLoader, IterableDataset, RandomSampler,
+                              SequentialSampler, TensorDataset, default_collate)
+
+from ..data import shippable
+from ..data.batches import batch_chunks, pinned_rows, stop_workers
+from ..data.nested import batch_len
+from ..devices import available_cores
+
+KEPT = "your loop's own"
+WAITS_FOR_DATA = 0.25   # a quarter of an epoch waiting for data: worker processes may pay
+
+
+class StopWatching(BaseException):
+    """Raised into the user's loop at a step boundary after Stop or Ctrl-C; the watch
+    swallows it. A BaseException, as KeyboardInterrupt, so `except Exception` in the loop
+    does not catch it (nor does `except KeyboardInterrupt`)."""
+
+
+class LoaderPart:
+    """The Watcher's part that wraps DataLoader.__iter__ (a mixin: it shares the watch's
+    run, interval and stop check)."""
+
+    def _init_loader(self) -> None:
+        self._training_loader = None    # weakref to the loader the loop trains on
+        self._last_loader = None        # weakref to the loader iterated last (_adopt_loader)
+        self._collates_tensors = False  # the loop's DataLoader collates tensors sample by sample
+        self._epoch_wait = None         # the share of the last whole epoch spent waiting for data
+        self._chosen_workers = None
+        self._waited_s = 0.0            # the whole watch's data wait (measure.py's trial)
+        self._other_samples = 0         # the last batch of another loader, until the first backward
+        self._shadows = weakref.WeakKeyDictionary()           # your loader -> one with workers
+        self._shadow_iterators = weakref.WeakKeyDictionary()  # your loader -> that one's iterator
+
+    def _wrap_iter(self, original):
+        watcher = self
+
+        def __iter__(loader):
+            if watcher._inside:
+                return original(loader)
+            return watcher._timed_batches(loader, original)
+        return __iter__
+
+    def _timed_batches(self, loader, original):
+        self._new_epoch(loader)
+        training = self._training_loader() is loader
+        batches = iter(self._source(loader, original))
+        if training and self._ahead is not None:
+            batches = self._copied_ahead(batches)
+        clock = time.perf_counter   # locals: they run every batch
+        stop_asked = self._stop_asked
+        epoch_start, waited = clock(), 0.0
+        while True:
+            if self._at_boundary and stop_asked():   # Watcher._stop_if_asked, inlined
+                raise StopWatching()
+            start = clock()
+            try:
+                batch = next(batches)
+            except StopIteration:
+                if training:   # a whole epoch: what it waited
+                    self._epoch_wait = waited / max(clock() - epoch_start, 1e-9)
+                return
+            finally:
+                wait = clock() - start
+                waited += wait
+                self._waited_s += wait
+                interval = self.interval
+                if interval is not None:
+                    interval.data_wait_s += wait
+            if training:   # the samples of a step are its training batches' (a GAN's once)
+                self._samples += _batch_samples(batch)
+                self._batches += 1
+                if self._marks_steps:   # CUDA: the step's work starts with its batch
+                    interval.step_starts()
+                if self._count is not None:
+                    self._forward_of_step()
+                if self._copies_pending:
+                    batches = self._follow_copies(batch, batches)
+            elif not self._trained:   # another loader's batch may be the first one trained on
+                self._other_samples = _batch_samples(batch)
+            yield batch
+
+    def _source(self, loader, original):
+        """Where this pass's batches come from: one index op per batch, the loader's
+        batches loaded by worker processes, or the loader as it is."""
+        if self._batched(loader):
+            return self._fetch_batched(loader)
+        workers = self._workers_for(loader)
+        if not workers:
+            return original(loader)
+        shadow = self._shadows.get(loader)
+        if shadow is None or shadow.num_workers != workers:
+            pin = loader.pin_memory or self._ahead is not None and self._ahead.pin
+            shadow = self._shadows[loader] = _served_by_workers(loader, workers, self.run.config, pin)
+        elif loader in self._shadow_iterators:
+            # kept workers reset their iterator without its base-seed draw: draw it as the
+            # loader's own new iterator would, so the sampler's order stays the loader's
+            torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
+        self._shadow_iterators[loader] = iterator = original(shadow)   # torch's own iterator
+        return iterator
+
+    def _workers_for(self, loader) -> int:
+        """Worker processes for the loop's per-sample loader: as asked, or, with "auto",
+        once a whole epoch of the loop itself waited for data a real share of its time
+        (measured on the loop's own steps: nothing is run to find out)."""
+        cfg = self.run.config
+        if not self.optimize or self._training_loader() is not loader or _batchable(loader) \
+                or isinstance(loader.dataset, IterableDataset) or loader.batch_sampler is None:
+            return 0
+        if cfg.num_workers != "auto":
+            self.run.resolved["num_workers"] = (cfg.num_workers, "asked for: your loader's "
+                                                "batches loaded by that many worker(s), for "
+                                                "the watch only")
+            return cfg.num_workers
+        if self._chosen_workers is None and self._epoch_wait is not None and not loader.num_workers:
+            self._chosen_workers = self._choose_workers(self._epoch_wait)
+        return self._chosen_workers or 0
+
+    def _choose_workers(self, share: float) -> int:
+        cores = available_cores()
+        if share < WAITS_FOR_DATA or cores < 2:
+            return 0
+        workers = min(8, cores - 1)   # fit's rule: training keeps a core
+        self.run.resolved["num_workers"] = (workers, (
+            f"the loop waited for data {share:.0%} of epoch {self.run.epoch}: from epoch "
+            f"{self.run.epoch + 1} your loader's batches are loaded by {workers} worker(s) "
+            "(its sampler, generator and collate kept; for the watch only)"))
+        return workers
+
+    def _stop_shadow_workers(self) -> None:
+        for loader, iterator in list(self._shadow_iterators.items()):
+            stop_workers(iterator, self._shadows.get(loader))
+        self._shadows.clear()
+
+    def _new_epoch(self, loader) -> None:
+        """Each pass over the training loader starts an epoch. Until the loop's first
+        backward, the training loader is the first one iterated (_adopt_loader checks it)."""
+        if not self._trained:
+            self._last_loader = weakref.ref(loader)
+        if self._training_loader is None:
+            self._training_loader = weakref.ref(loader)
+            self._describe_loader(loader)
+        elif self._training_loader() is loader:
+            self.run.next_epoch()
+
+    def _adopt_loader(self) -> None:
+        """At the loop's first backward: the loader whose batch it trains on is the one
+        iterated last (a loop that evaluates on its test loader first trains on another)."""
+        last = self._last_loader() if self._last_loader is not None else None
+        self._last_loader = None
+        if last is None or self._training_loader is None or self._training_loader() is last:
+            return
+        self._training_loader = weakref.ref(last)
+        self._describe_loader(last)
+        self._samples = self._other_samples   # the first loader's batches were no step's
+
+    def _describe_loader(self, loader) -> None:
+        resolved, cfg = self.run.resolved, self.run.config
+        resolved["num_workers"] = (loader.num_workers, KEPT)
+        resolved["pin_memory"] = self._pin_as_found(loader)
+        resolved["prefetch_to_device"] = (False, self._why_no_copies_ahead())
+        why_not = _why_not_batchable(loader)
+        possible = not why_not
+        if cfg.batched_fetch is True and not possible:
+            why = "not possible for this DataLoader: " + why_not
+        elif not self.optimize or cfg.batched_fetch is False:
+            why = "off: " + ("optimize=False" if not self.optimize else "asked for")
+        else:
+            why = why_not or ("a TensorDataset with the default collate: one index op per "
+                              "batch instead of a __getitem__ per sample, the same batches in "
+                              "the same order")
+        resolved["batched_fetch"] = (bool(self.optimize and possible
+                                          and cfg.batched_fetch is not False), why)
+        self._collates_tensors = possible and not resolved["batched_fetch"][0]
+
+    def _batched(self, loader) -> bool:
+        return self._training_loader() is loader and self.run.resolved["batched_fetch"][0]
+
+    def _fetch_batched(self, loader):
+        """The DataLoader's batches, each with one index op per tensor: what its own
+        iterator makes (default_collate of a TensorDataset's rows: a list of stacked
+        tensors), drawing the same numbers from its RNG (the iterator's base seed, then
+        its sampler's order), so the batches and the RNG after them are the loader's own."""
+        torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
+        tensors = loader.dataset.tensors
+        pin = loader.pin_memory and torch.cuda.is_available()
+        for index in _batch_indices(loader):
+            if pin or self._pin:
+                yield [pinned_rows(t, index) for t in tensors]
+            else:
+                yield [t.index_select(0, index) for t in tensors]   # = t[index], at half its cost
+
+
+def samples_in(args, kwargs) -> int:
+    """Samples in a forward's arguments (`model(x)`, `model(batch)`, `model(**batch)`)."""
+    return _batch_samples(args if args else dict(kwargs))
+
+
+def _batch_samples(batch) -> int:
+    """Samples in a batch (a loader's, or a forward's arguments): its first element's
+    length when that is a tensor, the common case, cheaply; else batch_len's answer."""
+    first = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
+    if isinstance(first, torch.Tensor) and first.shape:   # not 0-dim
+        return first.shape[0]
+    try:
+        return batch_len(batch)
+    except Exception:
+        return 0
+
+
+def _served_by_workers(loader, workers: int, cfg, pin: bool) -> DataLoader:
+    """A DataLoader that loads `loader`'s batches with `workers` processes: its batch
+    sampler (so the same batches in the same order), generator, collate and worker init;
+    pinned (in its pin thread) where `pin`; workers kept across epochs."""
+    dataset = shippable(loader.dataset, cfg.multiprocessing_context)
+    return DataLoader(dataset, batch_sampler=loader.batch_sampler, num_workers=workers,
+                      collate_fn=loader.collate_fn, pin_memory=pin,
+                      generator=loader.generator, worker_init_fn=loader.worker_init_fn,
+                      timeout=loader.timeout, persistent_workers=True,
+                      prefetch_factor=cfg.prefetch_factor,
+                      multiprocessing_context=cfg.multiprocessing_context)
+
+
+def _batch_indices(loader):
+    """The index tensor of each batch the loader's batch sampler lists, in its order. For
+    torch's own samplers, the epoch's order made at once and split, drawing from the RNG
+    what they draw and when (torch/utils/data/sampler.py): a Python int per sample and a
+    tensor made of a list per batch would cost more than a small model's step."""
+    sampler, batches = loader.sampler, loader.batch_sampler
+    if type(batches) is BatchSampler and batches.sampler is sampler:
+        n, size, drop_last = len(loader.dataset), batches.batch_size, batches.drop_last
+        if type(sampler) is SequentialSampler:
+            chunks = batch_chunks(torch.arange(n), size)
+            yield from chunks[:n // size] if drop_last else chunks
+            return
+        if type(sampler) is RandomSampler and not sampler.replacement \
+                and sampler.num_samples == n:
+            yield from _random_sampler_batches(sampler.generator, n, size, drop_last)
+            return
+    for indices in batches:
+        yield torch.as_tensor(indices)
+
+
+def _random_sampler_batches(generator, n: int, size: int, drop_last: bool):
+    """RandomSampler's batches as BatchSampler groups them: a seed from the global RNG
+    where the sampler has no generator, one permutation of the epoch, then a second one,
+    empty, drawn when the batch sampler asks past the first one's end (before a shorter
+    last batch, or after the last full one)."""
+    if generator is None:
+        seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+    chunks = batch_chunks(torch.randperm(n, generator=generator), size)
+    full = n // size
+    yield from chunks[:full]
+    torch.randperm(n, generator=generator)
+    if len(chunks) > full and not drop_last:
+        yield chunks[full]
+
+
+def _batchable(loader) -> bool:
+    return not _why_not_batchable(loader)
+
+
+def _why_not_batchable(loader) -> str:
+    if type(loader.dataset) is not TensorDataset:
+        return f"a {type(loader.dataset).__name__}: samples are read one by one"
+    if loader.batch_sampler is None:
+        return "batch_size=None: samples unbatched"
+    if loader.collate_fn is not default_collate:
+        return "its own collate_fn"
+    if loader.num_workers:
+        return f"{loader.num_workers} worker(s) of its own"
+    return ""

@@ -1,0 +1,307 @@
+"""What a watch measures, and when: never at the model's first forward, and each part only
+once the loop has run long enough that it costs at most BUDGET (5%) of the time run so far,
+as nt.fit measures only what costs at most 5% of its run. The parts, in order:
+
+1. bf16 "auto" on a CPU with bf16 units (optimize=True): a trial on the loop's own steps,
+   blocks of steps with and without autocast interleaved (Bf16Trial); bf16 is kept only
+   where every bf16 block ran faster than every fp32 block and the median gain is at
+   least MIN_BF16_GAIN. A decisive result is remembered per architecture on the machine.
+2. The FLOPs of one of the loop's steps, counted as it runs (a dispatch mode that runs
+   every op as it is and adds up torch's FLOP formulas: the loop's numbers unchanged).
+3. The device's peak, where it is not known already (a GEMM probe, cached on disk).
+
+Nothing here draws from the loop's RNG. `run.resolved["measuring_s"]` says what it cost.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .. import flops
+from ..devices import MIN_BF16_GAIN, cpu_bf16_feature, remember_bf16_gain
+
+BUDGET = 0.05        # of the loop's time so far
+BLOCK_S = 0.03       # a trial block's length: many steps of a small model, a few of a large one
+BLOCK_STEPS = 3      # at least
+COUNT_COST = 3.0     # a step under the FLOP count takes up to ~this many steps (Python per op)
+PEAK_PROBE_S = 1.0   # what a GEMM probe of the peak may take (flops.probe_gemm)
+
+
+class MeasurePart:
+    """The Watcher's part that measures within the budget (a mixin)."""
+
+    def _init_measure(self) -> None:
+        self._measuring = False    # a part is pending or running: step ends look (fast flag)
+        self._measured_s = 0.0     # what the measuring cost the loop so far
+        self._trial = None         # Bf16Trial, until decided
+        self._count = None         # "due": the next step is counted; a FlopCount while it runs
+        self._count_key = None
+        self._peak_due = False
+        self._compiled = False
+        self._conv_share = 0.0
+
+    def _plan_measuring(self, model) -> None:
+        self._compiled = type(model).__name__ == "OptimizedModule"
+        if not self.run.config.count_flops:
+            return
+        if self._compiled:
+            self.run.resolved["flops_per_step"] = (None, "not counted: a torch.compile'd model "
+                                                   "(a counting mode would run it uncompiled)")
+            return
+        self._count_key = (self._bf16_key(model), str(self.device))
+        counted = _COUNTED.get(self._count_key)
+        if counted is not None:
+            self._set_flops(*counted, how="counted before in this process for this model")
+        self._peak_due = True
+        self._measuring = True
+
+    def _plan_bf16_trial(self, why: str) -> None:
+        self._trial = Bf16Trial()
+        self._measuring = True
+
+    def _bf16_undecided(self) -> bool:
+        return self._trial is not None
+
+    # -- at each step's end while something is pending ---------------------------------------
+    def _forward_of_step(self) -> None:
+        """A step starts (its first forward, or its training batch): a count due starts."""
+        if self._count == "due":
+            self._count = FlopCount()
+            self._count.start()
+
+    def _measure_at_step_end(self) -> None:
+        now = time.perf_counter()
+        if isinstance(self._count, FlopCount):
+            self._end_flop_count(now)
+        elif self._trial is not None and self._trial.running:
+            self._trial_step(now)
+        else:
+            self._start_what_is_affordable(now)
+        self._measuring = self._trial is not None or self._count is not None or \
+            self._peak_due or (self.run.config.count_flops and not self._compiled
+                               and "flops_per_step" not in self.run.resolved)
+        if not self._measuring:
+            self._say_what_measuring_cost()
+            self._drop_forward_hooks_if_unneeded()
+
+    def _start_what_is_affordable(self, now: float) -> None:
+        step_s = self._step_s(now)
+        if self._trial is not None:
+            if self._affordable(self._trial.cost_s(step_s), now):
+                self._trial.start(step_s, now, self._waited_s, self.run.step + 1)
+                self.amp = self._trial.mode
+            return   # the FLOPs and the peak after the trial: the peak depends on the amp
+        if self.run.config.count_flops and not self._compiled and \
+                "flops_per_step" not in self.run.resolved:
+            if self._affordable(COUNT_COST * step_s, now):
+                self._count = "due"
+            return
+        if self._peak_due:
+            cost = 0.0 if flops.peak_known(self.device, self.amp) else PEAK_PROBE_S
+            if self._affordable(cost, now):
+                self._probe_peak()
+
+    def _affordable(self, cost_s: float, now: float) -> bool:
+        return self._measured_s + cost_s <= BUDGET * (now - self._started)
+
+    def _step_s(self, now: float) -> float:
+        """The loop's mean time per step so far (its setup before step 1 included: an
+        estimate on the safe side)."""
+        return (now - self._started - self._measured_s) / max(self.run.step, 1)
+
+    def _spent(self, seconds: float) -> None:
+        """Measuring time the loop waited for: counted, and taken out of the open record's
+        time (the loop's throughput is the loop's)."""
+        seconds = max(seconds, 0.0)
+        self._measured_s += seconds
+        self.interval.t0 += min(seconds, time.perf_counter() - self.interval.t0)
+
+    # -- 1. the bf16 trial ------------------------------------------------------------------
+    def _trial_step(self, now: float) -> None:
+        trial = self._trial
+        trial.step_done(now, self._waited_s)
+        if trial.running:
+            self.amp = trial.mode
+            return
+        self._trial = None
+        keep, gain, why = trial.verdict()
+        self.amp = "bf16" if keep else "off"
+        self._spent(trial.extra_s())
+        if trial.decisive():
+            remember_bf16_gain(self._bf16_key(self.model), gain)
+        flag = cpu_bf16_feature()
+        self.run.resolved["amp"] = (self.amp, f"CPU has {flag}; {why} (measured on your loop's "
+                                    f"own steps {trial.first_step}-{self.run.step})")
+        self._drop_forward_hooks_if_unneeded()
+
+    # -- 2. the FLOP count ------------------------------------------------------------------
+    def _end_flop_count(self, now: float) -> None:
+        count, self._count = self._count, None
+        count.stop()
+        self._spent(now - count.started - self._step_s(now))
+        _COUNTED[self._count_key] = (count.total, count.conv_share())
+        self._set_flops(count.total, count.conv_share(),
+                        how=f"counted on your loop's step {self.run.step} as it ran")
+
+    def _set_flops(self, total: int, share: float, how: str) -> None:
+        self._conv_share = share
+        self.run.resolved["flops_per_step"] = (total, f"{total / 1e9:.4g} GFLOP: {flops.COUNTED}, "
+                                               f"{how} (torch's FLOP formulas)")
+
+    # -- 3. the peak --------------------------------------------------------------------------
+    def _probe_peak(self) -> None:
+        started = time.perf_counter()
+        self._inside = True
+        try:
+            self.run.resolved["peak_tflops"] = flops.run_peak(
+                self.device, self.amp, torch.get_num_threads(), self._conv_share)
+        except Exception as exc:
+            self.run.resolved["peak_tflops"] = (None, f"not measured ({type(exc).__name__}: {exc})")
+        finally:
+            self._inside = False
+        self._peak_due = False
+        self._spent(time.perf_counter() - started)
+
+    # -- the end ----------------------------------------------------------------------------
+    def _end_measuring(self) -> None:
+        """A count still running (the loop ended or failed in its step): its mode off."""
+        if isinstance(self._count, FlopCount):
+            self._count.stop()
+        self._count = None
+        if self._trial is not None and self._trial.running:
+            self.amp = "off"
+
+    def _say_what_was_not_measured(self) -> None:
+        ran = time.perf_counter() - self._started
+        why = (f"your loop ended after {ran:.2f} s, before measuring cost at most "
+               f"{BUDGET:.0%} of it")
+        resolved = self.run.resolved
+        if self._trial is not None:
+            resolved["amp"] = ("off", f"CPU has {cpu_bf16_feature()}, but {why}: fp32, "
+                                      "as written")
+            self._trial = None
+        if self.run.config.count_flops and not self._compiled and self.model is not None \
+                and "flops_per_step" not in resolved:
+            resolved["flops_per_step"] = (None, f"not counted: {why}")
+        if self._peak_due and "peak_tflops" not in resolved:
+            resolved["peak_tflops"] = (None, f"not measured: {why}")
+        self._say_what_measuring_cost()
+
+    def _say_what_measuring_cost(self) -> None:
+        ran = max(time.perf_counter() - self._started, 1e-9)
+        self.run.resolved["measuring_s"] = (round(self._measured_s, 4), (
+            f"the watch's measuring took {self._measured_s * 1e3:.1f} ms, "
+            f"{self._measured_s / ran:.1%} of the {ran:.2f} s watched; each part started only "
+            f"where it would cost at most {BUDGET:.0%} of the time run so far"))
+
+
+_COUNTED: dict = {}   # (architecture, device) -> (FLOPs of a step, conv share): this process
+
+
+class FlopCount(TorchDispatchMode):
+    """FLOPs of the ops that run while it is on: each op runs as it is (no decomposition,
+    so the loop's numbers are its own), and torch's FLOP formulas add up."""
+
+    def __init__(self):
+        super().__init__()
+        from torch.utils.flop_counter import flop_registry
+        self._registry = flop_registry
+        self.total = self.conv = 0
+        self.started = 0.0
+
+    def start(self) -> None:
+        self.started = time.perf_counter()
+        self.__enter__()
+
+    def stop(self) -> None:
+        self.__exit__(None, None, None)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        formula = self._registry.get(func._overloadpacket)
+        if formula is not None:
+            try:
+                flops_of_op = formula(*args, **kwargs, out_val=out)
+            except Exception:   # a formula that cannot read these arguments: not counted
+                return out
+            self.total += flops_of_op
+            if "convolution" in str(func):
+                self.conv += flops_of_op
+        return out
+
+    def conv_share(self) -> float:
+        return self.conv / self.total if self.total else 0.0
+
+
+class Bf16Trial:
+    """Blocks of the loop's steps, bf16 and fp32 interleaved: a bf16 warm-up block, then
+    (fp32, bf16), (bf16, fp32), (fp32, bf16), so that a drift of the machine's speed
+    weighs on both alike. Each block's time per step leaves out the loader's wait."""
+
+    ORDER = ("bf16", "off", "bf16", "bf16", "off", "off", "bf16")
+
+    def __init__(self):
+        self.running = False
+        self.block = 0
+        self.mode = "off"
+        self.per_step = {"bf16": [], "off": []}
+        self.warm_up = 0.0   # the warm-up block's time per step
+        self.first_step = 0
+
+    def cost_s(self, step_s: float) -> float:
+        """What the trial may cost at most: its bf16 blocks' time (bf16 at half speed)."""
+        return self.ORDER.count("bf16") * self._steps(step_s) * step_s
+
+    def _steps(self, step_s: float) -> int:
+        return max(BLOCK_STEPS, math.ceil(BLOCK_S / max(step_s, 1e-9)))
+
+    def start(self, step_s: float, now: float, waited_s: float, first_step: int) -> None:
+        self.running, self.block, self.steps_per_block = True, 0, self._steps(step_s)
+        self.mode, self.first_step = self.ORDER[0], first_step
+        self._block_start, self._waited, self._done = now, waited_s, 0
+
+    def step_done(self, now: float, waited_s: float) -> None:
+        self._done += 1
+        if self._done < self.steps_per_block:
+            return
+        per_step = ((now - self._block_start) - (waited_s - self._waited)) / self._done
+        if self.block:
+            self.per_step[self.mode].append(per_step)
+        else:   # the warm-up block is not compared
+            self.warm_up = per_step
+        self.block += 1
+        if self.block == len(self.ORDER):
+            self.running, self.mode = False, "off"
+            return
+        self.mode = self.ORDER[self.block]
+        self._block_start, self._waited, self._done = now, waited_s, 0
+
+    def gain(self) -> float:
+        return statistics.median(self.per_step["off"]) / statistics.median(self.per_step["bf16"])
+
+    def verdict(self):
+        """(keep bf16, the median gain, why)."""
+        gain, fp32, bf16 = self.gain(), self.per_step["off"], self.per_step["bf16"]
+        if max(bf16) < min(fp32) and gain >= MIN_BF16_GAIN:
+            return True, gain, (f"bf16 {gain:.2f}x faster than fp32, every bf16 block faster "
+                                "than every fp32 block")
+        if max(bf16) < min(fp32):
+            return False, gain, f"bf16 only {gain:.2f}x of fp32 (less than {MIN_BF16_GAIN}x)"
+        if min(bf16) > max(fp32):
+            return False, gain, f"bf16 slower: {gain:.2f}x of fp32 speed"
+        return False, gain, (f"bf16 {gain:.2f}x of fp32, within the noise of the blocks: fp32 "
+                             "kept, as written")
+
+    def decisive(self) -> bool:
+        fp32, bf16 = self.per_step["off"], self.per_step["bf16"]
+        return max(bf16) < min(fp32) or min(bf16) > max(fp32)
+
+    def extra_s(self) -> float:
+        """What the bf16 blocks cost beyond fp32's pace (the warm-up's steps included)."""
+        fp32 = statistics.median(self.per_step["off"])
+        return sum(t - fp32 for t in (self.warm_up, *self.per_step["bf16"])) * self.steps_per_block

@@ -1,0 +1,285 @@
+"""Precision and layout for the watch only (optimize=True): autocast around the model's
+forward (bf16; fp16 with a GradScaler applied through the backward and step hooks), its
+outputs given back in float32 for the loop's loss, and channels_last. bf16 on a CPU with
+"auto" is decided on the loop's own steps (measure.py); a loop that runs its own
+autocast keeps it."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+
+import torch
+
+from ..devices import cpu_bf16_feature, gpu_has_bf16, known_bf16_gain, MIN_BF16_GAIN
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+TRIAL = "trial"   # amp_choice's value where bf16 is measured on the loop's own steps
+
+
+class PrecisionPart:
+    """The Watcher's part that changes the model's forward (a mixin)."""
+
+    def _init_precision(self) -> None:
+        self.amp = "off"
+        self.scaler = None              # amp='fp16': the GradScaler the hooks apply
+        self._to_channels_last = False  # channels_last=True: convert at the next forward
+        self._channels_last = False     # the model is in NHWC now
+        self._autocast = []             # the autocast contexts entered in the model's forward
+        self._unscaled = set()          # ids of the optimizers unscaled since the last update
+        self._kernel_scaled = []        # fused optimizers holding the scale, until their step ends
+        self._in_kernel = set()         # ids of those inf-checked this step: gradients still scaled
+        self._set_aside = []            # (param, grad) of a step skipped on inf, until after it
+
+    def _install_precision(self) -> None:
+        for name in ("clip_grad_norm_", "clip_grad_value_"):   # fp16: the scale, along
+            self._patch(torch.nn.utils, name, self._wrap_clip)
+
+    def _resolve_precision(self, model) -> None:
+        requested = self.run.config.amp
+        if self.optimize and requested != "off" and torch.is_autocast_enabled(self.device.type):
+            choice = ("off", "your loop runs its forward under its own autocast: kept as it is")
+        else:
+            choice = amp_choice(requested, self.device, self.optimize, self._bf16_key(model))
+        if choice[0] == TRIAL:
+            self._plan_bf16_trial(choice[1])
+            choice = ("off", choice[1])
+        self.run.resolved["amp"] = choice
+        self.amp = choice[0]
+        if self.amp == "fp16":
+            self.scaler = torch.amp.GradScaler(self.device.type)
+            self.run.equip(scaler=self.scaler)
+        self._to_channels_last = self.optimize and self.run.config.channels_last is True
+
+    def _bf16_key(self, model) -> tuple:
+        """What a bf16 measurement depends on: layers, parameter shapes."""
+        return ("watch", repr(model), tuple((tuple(p.shape), p.dtype) for p in model.parameters()))
+
+    def _changes_forward(self) -> bool:
+        return self.amp != "off" or self._to_channels_last or self._bf16_undecided()
+
+    # -- the model's forward --------------------------------------------------------------
+    def _forward_changed(self, args):
+        """At the model's forward: autocast entered; channels_last inputs. The new args, or
+        None for the loop's own."""
+        if self.amp != "off":
+            context = torch.autocast(self.device.type, dtype=DTYPES[self.amp])
+            context.__enter__()
+            self._autocast.append(context)
+        if not self._to_channels_last:
+            return None
+        if not self._channels_last:   # the second forward: the first backward is done
+            if self._trained:
+                self._convert_to_channels_last(self.model)
+            else:
+                return None
+        return tuple(a.contiguous(memory_format=torch.channels_last)
+                     if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in args)
+
+    def _forward_done(self, output):
+        if not self._autocast:
+            return None
+        self._exit_autocast()
+        # the loop computes its loss outside the forward: give it fp32 outputs, as autocast
+        # would give its loss function (cross_entropy and friends autocast to fp32)
+        return _as_float32(output)
+
+    def _exit_autocast(self) -> None:
+        while self._autocast:
+            self._autocast.pop().__exit__(None, None, None)
+
+    def _convert_to_channels_last(self, model) -> None:
+        """channels_last=True: the model's 4-d weights in NHWC from its second forward (the
+        first one's backward holds the weights as they were), for the watch only: the same
+        Parameter objects, laid out as they were again on the way out."""
+        model.to(memory_format=torch.channels_last)
+        self._channels_last = True
+        self._keep(lambda: model.to(memory_format=torch.contiguous_format))
+        self.run.resolved["channels_last"] = (True, "asked for: the model's 4-d weights and "
+                                                    "inputs in NHWC, for the watch only")
+
+    # -- fp16: a GradScaler through the hooks, as scaler.scale / unscale_ / step / update --
+    def _scaled_for_backward(self, loss):
+        """fp16: the loss the backward runs on, scaled (after the last step's update)."""
+        if self.scaler is None:
+            return loss
+        self._update_scale()
+        self._inside = True
+        try:
+            return self.scaler.scale(loss)
+        finally:
+            self._inside = False
+
+    def _last_update(self) -> None:
+        """The last step's update at the end: the Run's scaler is current."""
+        if self.scaler is not None:
+            with contextlib.suppress(Exception):
+                self._update_scale()
+
+    def _update_scale(self) -> None:
+        """The scaler's update after a step: once per step, before the next backward (after
+        every optimizer of the step has unscaled with the same scale)."""
+        if self._unscaled:
+            self.scaler.update()
+            self._unscaled.clear()
+            self._in_kernel.clear()
+
+    def _unscale_or_skip(self, optimizer) -> None:
+        """Before `optimizer` steps: its gradients unscaled (GradScaler.unscale_); with an
+        inf or NaN among them the step is skipped, as GradScaler.step skips it: without a
+        gradient, torch's optimizers leave a parameter and its state as they are. The
+        gradients are set aside for the step and given back after it (_after_step)."""
+        if id(optimizer) in self._unscaled:
+            return
+        if _kernel_takes_the_scale(optimizer):
+            self._hand_scale_to_kernel(optimizer)
+            return
+        self._inside = True   # the inf check's .item() is not the loop's host read
+        try:
+            self.scaler.unscale_(optimizer)
+            self._unscaled.add(id(optimizer))
+            # what GradScaler.step reads (torch/amp/grad_scaler.py, _maybe_opt_step)
+            state = self.scaler._per_optimizer_states[id(optimizer)]
+            found_inf = sum(v.item() for v in state["found_inf_per_device"].values())
+        finally:
+            self._inside = False
+        if found_inf:
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    if param.grad is not None:
+                        self._set_aside.append((param, param.grad))
+                        param.grad = None
+
+    def _hand_scale_to_kernel(self, optimizer) -> None:
+        """A fused optimizer unscales its gradients and skips its step on inf in its own
+        kernel, given `grad_scale` and `found_inf` as attributes: what GradScaler.step does
+        for one (`_step_supports_amp_scaling`). The inf check stays on the device, so the
+        step has no host read; the gradients stay scaled (_wrap_clip scales a clip's limit
+        along), and the attributes go again after the step (_after_step)."""
+        scaler = self.scaler
+        self._inside = True
+        try:
+            found = scaler._check_inf_per_device(optimizer)   # counts infs, unscales nothing
+            scale = scaler._get_scale_async()
+            optimizer.grad_scale = scale
+            optimizer.found_inf = sum(t.to(scale.device, non_blocking=True) for t in found.values())
+        finally:
+            self._inside = False
+        self._unscaled.add(id(optimizer))   # inf-checked: the step's update() counts it
+        self._in_kernel.add(id(optimizer))
+        self._kernel_scaled.append(optimizer)
+
+    def _take_back_scale(self) -> None:
+        """After a fused step: its kernel has unscaled the gradients in place."""
+        while self._kernel_scaled:
+            optimizer = self._kernel_scaled.pop()
+            self._in_kernel.discard(id(optimizer))
+            for name in ("grad_scale", "found_inf"):
+                optimizer.__dict__.pop(name, None)
+
+    def _after_scaled_step(self) -> None:
+        """fp16: a skipped step's gradients back, as GradScaler leaves them; a fused
+        optimizer's scale taken back."""
+        while self._set_aside:
+            param, grad = self._set_aside.pop()
+            param.grad = grad
+        if self._kernel_scaled:
+            self._take_back_scale()
+
+    def _wrap_clip(self, original):
+        """torch.nn.utils.clip_grad_norm_ / clip_grad_value_ on the scaled gradients of an
+        fp16 watch: the limit scaled along, the norm returned unscaled, so the loop clips
+        its true gradients, as with scaler.unscale_(opt) before the clip."""
+        watcher = self
+        by_norm = original.__name__ == "clip_grad_norm_"
+
+        @functools.wraps(original)
+        def clip(parameters, limit, *args, **kwargs):
+            scaler = watcher.scaler
+            # the gradients are true once an optimizer has unscaled them in place
+            if scaler is None or watcher._inside or watcher._unscaled - watcher._in_kernel:
+                return original(parameters, limit, *args, **kwargs)
+            # a norm's limit may be a tensor (max_norm / total_norm): the scale stays on the
+            # device; clamp's limits are numbers, read under _inside (not the loop's read)
+            watcher._inside = True
+            try:
+                scale = scaler._get_scale_async() if by_norm else scaler.get_scale()
+            finally:
+                watcher._inside = False
+            result = original(parameters, limit * scale, *args, **kwargs)
+            return result / scale if isinstance(result, torch.Tensor) else result
+        return clip
+
+
+def amp_choice(requested: str, device: torch.device, optimize: bool, key):
+    """The watch's amp, (value, why): as fit resolves it, where the loop can take it;
+    (TRIAL, why) where bf16 is to be measured on the loop's own steps."""
+    if not optimize:
+        return "off", "optimize=False: the loop runs as written"
+    if requested == "off":
+        return "off", "asked for"
+    if requested == "fp16":
+        if device.type not in ("cuda", "cpu"):
+            return "off", f"no autocast nbtrain trusts on {device.type}"
+        return "fp16", ("asked for: autocast to float16, and a GradScaler through the "
+                        "backward and step hooks (the loss scaled, the step skipped on inf)")
+    if device.type == "cuda":
+        if gpu_has_bf16(device):
+            return "bf16", f"{torch.cuda.get_device_name(device)} has bf16: autocast, no scaler"
+        return "off", ("this GPU has no bf16; nt.watch(amp='fp16') applies fp16 with a "
+                       "GradScaler through the hooks (a clip must be called as "
+                       "torch.nn.utils.clip_grad_norm_ to be scaled along)")
+    if device.type != "cpu":
+        return "off", f"no autocast nbtrain trusts on {device.type}"
+    if requested == "bf16":
+        return "bf16", "asked for"
+    flag = cpu_bf16_feature()
+    if not flag:
+        return "off", "CPU has no bf16 matmul units (avx512_bf16, amx_bf16): bf16 runs slower"
+    gain, source = known_bf16_gain(key)
+    if gain is None:
+        return TRIAL, (f"CPU has {flag}: bf16 is measured on your loop's own steps once it "
+                       "has run long enough for the trial to cost at most 5% of it; fp32 "
+                       "until then")
+    if gain >= MIN_BF16_GAIN:
+        return "bf16", f"CPU has {flag}; {source} {gain:.2f}x faster than fp32 on this model"
+    return "off", (f"CPU has {flag}, but bf16 {source} {gain:.2f}x of fp32 speed on this "
+                   "model (too small to gain)")
+
+
+# torch's optimizers whose fused kernels take grad_scale and found_inf (their step reads
+# them as attributes); their single-tensor and foreach kernels refuse them
+_SCALING = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD, torch.optim.Adagrad)
+
+
+def _kernel_takes_the_scale(optimizer) -> bool:
+    """A fused optimizer of those, with its step not overridden (torch wraps each class's
+    step in its hook caller, so compare the functions under the wrappers). Not SGD with
+    momentum before every parameter has its buffer: fused SGD makes the buffers with
+    empty_like on the first step and keeps them even when found_inf skips the update
+    (torch/optim/sgd.py, _fused_sgd), where unscale-and-skip leaves none."""
+    if not _steps_as_torchs(type(optimizer)) or \
+            not all(group.get("fused") for group in optimizer.param_groups):
+        return False
+    if isinstance(optimizer, torch.optim.SGD):
+        return all(optimizer.state.get(p, {}).get("momentum_buffer") is not None
+                   for group in optimizer.param_groups if group["momentum"]
+                   for p in group["params"])
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _steps_as_torchs(cls) -> bool:
+    """Whether `cls` steps with one of _SCALING's own step functions (asked every fp16
+    step: the answer for a class does not change)."""
+    step = inspect.unwrap(cls.step)
+    return any(step is inspect.unwrap(scaling.step) for scaling in _SCALING)
+
+
+def _as_float32(output):
+    """16-bit floating outputs of an autocast forward as float32; anything else as it is."""
+    if isinstance(output, torch.Tensor):
+        return output.float() if output.dtype in (torch.bfloat16, torch.float16) else output
+    if isinstance(output, tuple) and not hasattr(output, "_fields"):
+        return tuple(_as_float32(o) for o in output)
+    return output

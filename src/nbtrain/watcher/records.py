@@ -1,0 +1,170 @@
+"""What a watch records: each loss the loop's backward runs on (kept on the device; on
+the CPU, where a read is no sync, read at once), a record every `log_every` steps (with
+the default, at least RECORD_EVERY_S and at most RECORDS_MERGED x log_every steps apart
+from step READS_COUNTED_FOR on), and the loop's host reads (`.item()`, `.tolist()`,
+`.cpu()`, `.numpy()` of the step's tensors) counted over the first READS_COUNTED_FOR
+steps for the diagnosis, then that rate standing."""
+from __future__ import annotations
+
+import math
+import time
+import weakref
+from collections import deque
+
+import torch
+
+from ..loop import flush_interval, log_interval
+from .settings import RECORD_EVERY_S, RECORDS_MERGED
+
+_item = torch._C.TensorBase.item   # torch's own, under the watch's counting wrapper
+READS = ("item", "tolist")   # the host reads counted when the tensor has a graph, too
+READS_COUNTED_FOR = 30   # steps; then the rate counted stands (_stop_counting_reads)
+
+
+class RecordsPart:
+    """The Watcher's part that records (a mixin: it shares the run and the interval)."""
+
+    def _init_records(self, record_floor_s: float) -> None:
+        self._host_reads = 0
+        self._read_patches = []         # undo the host-read counters (after READS_COUNTED_FOR)
+        self._reads_counted = []        # (host reads, steps) of each interval so far
+        self._reads_per_step = 0.0      # the rate they counted
+        self._losses = deque(maxlen=8)  # weak references to recent losses (kept graphs)
+        self._keeps_losses = False      # the loop keeps them (seen over READS_COUNTED_FOR steps)
+        self._reads_at_once = None      # each loss read as a float: the first loss on the CPU
+        self._loop_scaled = None        # (the loop's GradScaler's last output, that scaler)
+        self._log_every = self._record_at = self.run.config.log_every   # the interval's steps
+        self._record_floor_s = record_floor_s                 # at the next record (_record_due)
+        self._describe_log_every()
+
+    def _install_records(self) -> None:
+        self._read_patches = [self._patch(torch.Tensor, name, self._counting(name in READS))
+                              for name in (*READS, "cpu", "numpy")]
+        self._patch(torch.amp.GradScaler, "scale", self._noting_scale)
+
+    # -- the loss -----------------------------------------------------------------------------
+    def _add_loss(self, loss: torch.Tensor, samples: int) -> None:
+        if self._reads_at_once is None:   # the first loss's device says, for the whole watch:
+            self._reads_at_once = loss.is_cpu   # an interval's losses are all floats or all tensors
+        if self._loop_scaled is not None and self._loop_scaled[0]() is loss:
+            value = loss.detach() / self._loop_scaled[1]._scale   # the loop's scaler's: unscaled
+        else:
+            value = loss
+        if self._reads_at_once:   # the CPU: no sync, and cheaper than a stack at the record
+            value = _item(value) if value.dim() == 0 else _item(value.detach().float().mean())
+        else:
+            value = value.detach()
+            value = value if value.dim() == 0 else value.float().mean()
+        self.interval.add(value, samples)
+        if self._read_patches:   # kept losses are looked for over the host reads' steps
+            self._losses.append(weakref.ref(loss))
+
+    def _noting_scale(self, original):
+        """GradScaler.scale, noting the scaled loss of a loop with its own scaler."""
+        watcher = self
+
+        def scale(scaler, outputs):
+            scaled = original(scaler, outputs)
+            if not watcher._inside and isinstance(scaled, torch.Tensor) and scaled is not outputs:
+                watcher._loop_scaled = (weakref.ref(scaled), scaler)
+            return scaled
+        scale.__wrapped__ = original
+        return scale
+
+    # -- records ------------------------------------------------------------------------------
+    def _describe_log_every(self) -> None:
+        every = self._log_every
+        why = f"asked for: a record every {every} step(s)" if not self._record_floor_s \
+            else (f"a record every {every} steps, at least {self._record_floor_s * 1e3:.0f} ms and "
+                  f"at most {every * RECORDS_MERGED} steps apart (from step {READS_COUNTED_FOR}): "
+                  f"a record costs the loop ~50 us; nt.watch(log_every={every}) records "
+                  f"exactly every {every}")
+        self.run.resolved["log_every"] = (every, why)
+
+    def _record_due(self) -> None:
+        """log_every more steps: a record, or, where the default's records would come closer
+        together than RECORD_EVERY_S, a look again after log_every more. While host reads
+        are counted, a record every log_every steps (_log counts them per record). Losses
+        read at once (the CPU) are looked at each time: a non-finite one is recorded now,
+        so that on_nan='stop' ends the loop as soon as without the floor."""
+        interval = self.interval
+        if self._read_patches or not self._record_floor_s or \
+                interval.steps >= self._log_every * RECORDS_MERGED or \
+                time.perf_counter() - interval.t0 >= self._record_floor_s:
+            self._log()
+        elif self._reads_at_once and not math.isfinite(sum(interval.losses)):
+            self._log(flush=True)   # its record now, not at the next close
+        else:
+            self._record_at += self._log_every
+            return
+        self._record_at = self._log_every
+
+    def _log(self, flush: bool = False) -> None:
+        """Close the interval with the loop's counts since the last record (counted here,
+        not per step: each call in a step is time the loop waits for); `flush`: emit its
+        record now (Interval.close emits the one before)."""
+        interval = self.interval
+        if self._read_patches:
+            reads = self._host_reads
+            self._reads_counted.append((reads, interval.steps))
+            # a loss still alive after its step: the loop keeps it, and with it its graph
+            self._keeps_losses = any((t := ref()) is not None and t.requires_grad
+                                     for ref in list(self._losses)[:-1])
+            if self.run.step >= READS_COUNTED_FOR:
+                self._stop_counting_reads()
+        else:
+            reads = self._reads_per_step * interval.steps
+        interval.count("host_reads", reads)
+        if self._collates_tensors:   # every sample of the training loader's batches
+            interval.count("collated_samples", interval.samples)
+        interval.count("kept_losses", interval.steps * self._keeps_losses)
+        self._host_reads = 0
+        self._inside = True   # the record's reads of the losses are not the loop's
+        try:
+            log_interval(self.run, interval, _lr(self.run.optimizer))
+            if flush:
+                flush_interval(self.run, interval)
+        finally:
+            self._inside = False
+
+    def _flush(self) -> None:
+        flush_interval(self.run, self.interval)
+
+    # -- host reads ---------------------------------------------------------------------------
+    def _counting(self, grad_counts: bool):
+        """A wrapper that counts a host read of a tensor on a device, or (item, tolist) of
+        one computed with gradients: the loop's loss.item(), not a CPU index's."""
+        watcher = self
+
+        def wrap(original):
+            if grad_counts:   # item(), tolist(): no arguments; the optimizers call item()
+                def read(tensor):   # on their CPU step counts, so this runs often
+                    if (tensor.requires_grad or not tensor.is_cpu) and not watcher._inside:
+                        watcher._host_reads += 1
+                    return original(tensor)
+                return read
+
+            def read_to(tensor, *args, **kwargs):
+                if not tensor.is_cpu and not watcher._inside:
+                    watcher._host_reads += 1
+                return original(tensor, *args, **kwargs)
+            return read_to
+        return wrap
+
+    def _stop_counting_reads(self) -> None:
+        """Host reads counted over the first READS_COUNTED_FOR steps: a loop reads in the
+        same places every step, and each counted read is a Python call on the way to one
+        of torch's C methods (the optimizers call item() on their step counts). From here
+        the records carry the rate counted, and the methods are torch's own again."""
+        # from the second interval on: a read after a step falls in the interval after it,
+        # so the first interval is one read short
+        intervals = self._reads_counted[1:] or self._reads_counted
+        self._reads_per_step = sum(r for r, _ in intervals) / max(sum(n for _, n in intervals), 1)
+        for undo in self._read_patches:
+            undo()
+        self._read_patches = []
+        self._losses.clear()
+
+
+def _lr(optimizer) -> float:
+    return optimizer.param_groups[0]["lr"] if optimizer is not None else float("nan")
