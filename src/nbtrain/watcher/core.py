@@ -139,6 +139,8 @@ class Watcher(LoaderPart, CopiesPart, PrecisionPart, StepsPart, RecordsPart, Mea
     def _remove_forward_hooks(self) -> None:
         for handle in self._forward_hooks:
             handle.remove()
+            # torch's handle forgets this one (torch/nn/modules/module.py, with_kwargs)
+            torch.nn.modules.module._global_forward_hooks_with_kwargs.pop(handle.id, None)
         self._forward_hooks = []
 
     def _forward_needed(self) -> bool:
@@ -228,6 +230,8 @@ class Watcher(LoaderPart, CopiesPart, PrecisionPart, StepsPart, RecordsPart, Mea
             result = original(watcher._scaled_for_backward(tensor), *args, **kwargs)
             if watcher._hand is not None:
                 watcher._hand.note()
+                if watcher._count is not None:   # by hand: a count ends with its backward
+                    watcher._counted_backward()
             return result
         return backward
 
@@ -270,7 +274,7 @@ class Watcher(LoaderPart, CopiesPart, PrecisionPart, StepsPart, RecordsPart, Mea
         if interval is not None:
             with contextlib.suppress(Exception):   # the user's error is the one to report
                 if exc is None and self._hand is not None and self._backwards:
-                    self._close_step()   # the last update by hand ran after its backward
+                    self._close_step(measure=False)   # the last update by hand ran after its backward
                 interval.drop_unfinished_step()
                 if interval.steps:
                     self._log()

@@ -153,6 +153,10 @@ class LoaderPart:
             self._describe_loader(loader)
         elif self._training_loader() is loader:
             self.run.next_epoch()
+        elif self._training_loader() is None:   # a loop that makes its loader each epoch
+            self._training_loader = weakref.ref(loader)
+            self._describe_loader(loader)
+            self.run.next_epoch()
 
     def _adopt_loader(self) -> None:
         """At the loop's first backward: the loader whose batch it trains on is the one

@@ -55,7 +55,7 @@ class MeasurePart:
         self._count_key = (self._bf16_key(model), str(self.device))
         counted = _COUNTED.get(self._count_key)
         if counted is not None:
-            self._set_flops(*counted, how="counted before in this process for this model")
+            self._set_flops(*counted, "counted before in this process for this model")
         self._peak_due = True
         self._measuring = True
 
@@ -76,7 +76,8 @@ class MeasurePart:
     def _measure_at_step_end(self) -> None:
         now = time.perf_counter()
         if isinstance(self._count, FlopCount):
-            self._end_flop_count(now)
+            if self._hand is None:   # by hand, the count ends with its backward
+                self._end_flop_count(now)
         elif self._trial is not None and self._trial.running:
             self._trial_step(now)
         else:
@@ -143,9 +144,25 @@ class MeasurePart:
         count, self._count = self._count, None
         count.stop()
         self._spent(now - count.started - self._step_s(now))
-        _COUNTED[self._count_key] = (count.total, count.conv_share())
-        self._set_flops(count.total, count.conv_share(),
-                        how=f"counted on your loop's step {self.run.step} as it ran")
+        self._counted(count.total, count.conv_share(),
+                      f"counted on your loop's step {self.run.step} as it ran")
+
+    def _counted_backward(self) -> None:
+        """A loop updating by hand ends its step at its next backward: its count is one
+        forward and backward, times the backwards of a step."""
+        if not isinstance(self._count, FlopCount):
+            return
+        count, self._count = self._count, None
+        count.stop()
+        now = time.perf_counter()
+        self._spent(now - count.started - self._step_s(now) / max(self._micro_last, 1))
+        self._counted(count.total * self._micro_last, count.conv_share(),
+                      f"counted on a forward and backward of your loop's step {self.run.step + 1} "
+                      f"as it ran, x {self._micro_last} backward() a step")
+
+    def _counted(self, total: int, share: float, how: str) -> None:
+        _COUNTED[self._count_key] = (total, share)
+        self._set_flops(total, share, how)
 
     def _set_flops(self, total: int, share: float, how: str) -> None:
         self._conv_share = share

@@ -36,6 +36,7 @@ class StepsPart:
         self._flags_as_found = weakref.WeakKeyDictionary()   # optimizer -> its groups' flags
         self._hand = None               # HandSteps: while no optimizer has stepped
         self._batches = 0               # training batches since the last step (loader.py)
+        self._micro_last = 1            # backward() calls of the last step
 
     def _install_steps(self) -> None:
         self._patch(torch.optim.Optimizer, "state_dict", self._wrap_state_dict)
@@ -93,6 +94,7 @@ class StepsPart:
     def _close_step(self, measure: bool = True) -> None:
         run, interval = self.run, self.interval
         run.advance(self._batches or self._backwards)
+        self._micro_last = self._backwards
         self._backwards = self._batches = 0
         interval.end_step()
         if interval.steps == self._record_at:
