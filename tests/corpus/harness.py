@@ -405,27 +405,38 @@ def surface_diff(expected: dict, got: dict) -> list:
 
 
 # -- what the watch's objects must survive --------------------------------------------------
-def dump_inside(namespace_of: Callable[[dict], Tuple[dict, dict]]):
-    """An `inside` for run_program: torch.save, pickle.dumps and copy.deepcopy of each
-    model, torch.save of each optimizer's state_dict, all while the watch holds them."""
+def dump_inside(namespace_of: Callable[[dict], Tuple[dict, dict]], pickles: bool):
+    """An `inside` for run_program: copy.deepcopy of each model and, where `pickles` (a
+    script's classes are its passing __main__'s, picklable only while it runs),
+    torch.save and pickle.dumps of each model and torch.save of each optimizer's
+    state_dict, all while the watch holds them. What fails is kept as its error."""
     def inside(namespace: dict) -> dict:
         models, optimizers = namespace_of(namespace)
-        blobs, copies, saved_weights = {}, {}, {}
-        for name, model in models.items():
-            buf = io.BytesIO()
-            torch.save(model, buf)
-            blobs[f"{name}.torch"] = buf.getvalue()
-            blobs[f"{name}.pickle"] = pickle.dumps(model)
-            copies[name] = copy.deepcopy(model)
-            state = io.BytesIO()
-            torch.save({k: v.clone() for k, v in model.state_dict().items()}, state)
-            saved_weights[f"{name}.weights"] = state.getvalue()
-        for name, optimizer in optimizers.items():
-            buf = io.BytesIO()
-            torch.save(optimizer.state_dict(), buf)
-            blobs[f"{name}.optim"] = buf.getvalue()
+        copies = {name: copy.deepcopy(model) for name, model in models.items()}
+        try:
+            blobs, saved_weights = saved(models, optimizers) if pickles else ({}, {})
+        except Exception as error:   # the test reports it; the run itself goes on
+            return {"deepcopies": copies, "error": f"{type(error).__name__}: {error}"}
         return {"blobs": blobs, "weights": saved_weights, "deepcopies": copies}
     return inside
+
+
+def saved(models: dict, optimizers: dict) -> Tuple[dict, dict]:
+    """({file name: bytes} of the models and optimizer states, {name.weights: bytes})."""
+    blobs, saved_weights = {}, {}
+    for name, model in models.items():
+        buf = io.BytesIO()
+        torch.save(model, buf)
+        blobs[f"{name}.torch"] = buf.getvalue()
+        blobs[f"{name}.pickle"] = pickle.dumps(model)
+        state = io.BytesIO()
+        torch.save({k: v.clone() for k, v in model.state_dict().items()}, state)
+        saved_weights[f"{name}.weights"] = state.getvalue()
+    for name, optimizer in optimizers.items():
+        buf = io.BytesIO()
+        torch.save(optimizer.state_dict(), buf)
+        blobs[f"{name}.optim"] = buf.getvalue()
+    return blobs, saved_weights
 
 
 FRESH_LOAD = r"""

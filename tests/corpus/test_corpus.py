@@ -26,7 +26,8 @@ def result(name: str, way: str):
     """Each program runs once each way per session; the tests read the same runs."""
     program = BY_NAME[name]
     inside = dump_inside(lambda ns: ({n: ns[n] for n in program.models},
-                                     {n: ns[n] for n in program.optimizers}))
+                                     {n: ns[n] for n in program.optimizers}),
+                         pickles=program.entry == "main")
     return run_program(program, way, inside=inside if way == "defaults" else None)
 
 
@@ -85,5 +86,6 @@ def test_saved_inside_the_watch_loads_where_nbtrain_never_was(name):
     inside the watch load in a fresh interpreter that never imports nbtrain, with the
     weights they had and no hook."""
     got = result(name, "defaults")
+    assert "error" not in got.inside, got.inside.get("error")
     done = load_in_fresh_python(got.inside["blobs"], got.inside["weights"])
     assert done.returncode == 0, done.stderr[-3000:]
