@@ -301,7 +301,11 @@ def not_finite(model: torch.nn.Module) -> list:
 
 def _global_hook_dicts() -> dict:
     module_hooks = torch.nn.modules.module
-    names = [n for n in dir(module_hooks) if n.startswith("_global_") and isinstance(getattr(module_hooks, n), dict)]
+    # the flag dicts (_with_kwargs, _always_called) are left out: torch's own
+    # register_module_forward_hook(with_kwargs=True) leaves {id: True} there after
+    # handle.remove() (torch 2.13), a flag of a hook that is gone
+    names = [n for n in dir(module_hooks) if n.startswith("_global_") and isinstance(getattr(module_hooks, n), dict)
+             and not n.endswith(("_with_kwargs", "_always_called"))]
     found = {f"torch.nn.modules.module.{n}": getattr(module_hooks, n) for n in names}
     found.update({f"torch.optim.optimizer.{n}": getattr(optim_hooks, n) for n in
                   ("_global_optimizer_pre_hooks", "_global_optimizer_post_hooks")})
@@ -347,9 +351,16 @@ def torch_surface() -> dict:
 def surface_changes(before: dict, after: dict) -> list:
     """What differs in `after` from `before`; a module function new in `after` is a lazy
     import, not a leftover, so new names count only on the classes."""
-    changed = [k for k in before if k not in after or after[k] is not before[k] and after[k] != before[k]]
+    changed = [k for k in before if k not in after or after[k] is not before[k]
+               and after[k] != before[k] and not torch_wrapped_step(before[k], after[k])]
     added = [k for k in after if k not in before and not k.startswith(tuple(f"{m}." for m in MODULES))]
     return changed + [f"added {k}" for k in added]
+
+
+def torch_wrapped_step(before, after) -> bool:
+    """Optimizer.__init__ wraps its class's step once (_patch_step_function: the profiler's
+    hook, marked `hooked`): torch's own change at a class's first optimizer, no leftover."""
+    return getattr(after, "hooked", False) and getattr(after, "__wrapped__", None) is before
 
 
 def module_surface(model: torch.nn.Module) -> dict:
