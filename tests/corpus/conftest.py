@@ -1,0 +1,25 @@
+"""The corpus's harness on sys.path, torchvision importable, and its times printed."""
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+for folder in (HERE, HERE / "programs"):   # harness.py, torchvision_ops.py; the programs' classes
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+
+from torchvision_ops import declare_missing_ops  # noqa: E402
+
+declare_missing_ops()   # at collection, before any test (tests/test_hf.py too) imports torchvision
+
+
+def pytest_terminal_summary(terminalreporter):
+    from harness import TIMES
+    if not TIMES:
+        return
+    ways = ["as written", "watched", "defaults"]
+    terminalreporter.write_sep("-", "corpus: seconds per program and way")
+    terminalreporter.write_line(f"{'program':<22}" + "".join(f"{w:>12}" for w in ways))
+    for name in dict.fromkeys(n for n, _ in TIMES):
+        terminalreporter.write_line(f"{name:<22}" + "".join(
+            f"{TIMES[(name, w)]:>12.2f}" if (name, w) in TIMES else f"{'-':>12}" for w in ways))
+    terminalreporter.write_line(f"{'total':<22}{sum(TIMES.values()):>12.2f}")

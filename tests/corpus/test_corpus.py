@@ -1,0 +1,91 @@
+"""Public training programs, run verbatim-in-shape three ways: as written, inside
+`nt.watch(optimize=False)` and inside `nt.watch()` (tests/corpus/harness.py).
+
+What a watch promises (docs/guide/own-loop.md): watching only leaves the weights bit for
+bit those of the loop as written; the Run's steps and samples are the loop's; nothing of
+torch, the models, the optimizers or the loaders is left patched or hooked; the defaults
+train to finite weights and loss; a watched model can be saved, pickled and copied.
+"""
+import functools
+import math
+
+import pytest
+
+from harness import (BY_NAME, CORPUS, different_weights, dump_inside, hand_count,
+                     load_in_fresh_python, module_surface, not_finite, object_surfaces,
+                     run_counts, run_program, surface_changes, surface_diff)
+
+NAMES = [program.name for program in CORPUS]
+# main() programs: their classes live in a module importable by name, so the watched
+# model itself can be pickled and loaded elsewhere (a script's classes are __main__'s)
+PICKLED = [p.name for p in CORPUS if p.entry == "main"]
+
+
+@functools.lru_cache(maxsize=None)
+def result(name: str, way: str):
+    """Each program runs once each way per session; the tests read the same runs."""
+    program = BY_NAME[name]
+    inside = dump_inside(lambda ns: ({n: ns[n] for n in program.models},
+                                     {n: ns[n] for n in program.optimizers}),
+                         pickles=program.entry == "main")
+    return run_program(program, way, inside=inside if way == "defaults" else None)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_hand_counts_are_the_programs(name):
+    """The harness's arithmetic of steps is what the program, as written, did."""
+    written = result(name, "as written")
+    assert hand_count(written) == written.program.steps
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_watching_only_leaves_the_weights_bit_for_bit(name):
+    written, watched = result(name, "as written"), result(name, "watched")
+    assert watched.run.state == "finished", (watched.run.state, watched.run.message)
+    for model in written.program.models:
+        assert different_weights(written.models()[model], watched.models()[model]) == [], model
+
+
+@pytest.mark.parametrize("way", ["watched", "defaults"])
+@pytest.mark.parametrize("name", NAMES)
+def test_steps_and_samples_are_the_loops(name, way):
+    got = result(name, way)
+    program = got.program
+    assert run_counts(got.run) == (program.steps, program.samples)
+
+
+@pytest.mark.parametrize("way", ["watched", "defaults"])
+@pytest.mark.parametrize("name", NAMES)
+def test_nothing_left_patched_or_hooked(name, way):
+    written, got = result(name, "as written"), result(name, way)
+    assert surface_changes(got.torch_before, got.torch_after) == []
+    assert surface_diff(object_surfaces(written), object_surfaces(got)) == []
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_defaults_train_to_finite_weights_and_loss(name):
+    got = result(name, "defaults")
+    assert got.run.state == "finished", (got.run.state, got.run.message)
+    for model_name, model in got.models().items():
+        assert not_finite(model) == [], model_name
+    assert math.isfinite(got.run.summary()["final_loss"])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_copy_made_inside_the_watch_keeps_no_hook(name):
+    """copy.deepcopy of a watched model, after the watch: as bare as the model as written."""
+    written, got = result(name, "as written"), result(name, "defaults")
+    for model_name, copied in got.inside["deepcopies"].items():
+        expected = module_surface(written.models()[model_name])
+        assert surface_diff({"copy": expected}, {"copy": module_surface(copied)}) == []
+
+
+@pytest.mark.parametrize("name", PICKLED)
+def test_saved_inside_the_watch_loads_where_nbtrain_never_was(name):
+    """torch.save(model), pickle.dumps(model) and torch.save(optimizer.state_dict()) made
+    inside the watch load in a fresh interpreter that never imports nbtrain, with the
+    weights they had and no hook."""
+    got = result(name, "defaults")
+    assert "error" not in got.inside, got.inside.get("error")
+    done = load_in_fresh_python(got.inside["blobs"], got.inside["weights"])
+    assert done.returncode == 0, done.stderr[-3000:]
