@@ -9,6 +9,11 @@ from torch import nn
 
 import nbtrain as nt
 
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent / "corpus"))
+from torchvision_ops import declare_missing_ops  # noqa: E402
+
+declare_missing_ops()   # before transformers (tests/test_hf.py) or a program imports torchvision
+
 
 @pytest.fixture(autouse=True)
 def _keep_main_module():

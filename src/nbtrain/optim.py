@@ -189,10 +189,16 @@ def apply_impl(optimizer: torch.optim.Optimizer, impl: str):
     saved = [(g, {k: g[k] for k in ("fused", "foreach") if k in g}) for g in optimizer.param_groups]
     for group, _ in saved:
         group["fused"], group["foreach"] = impl == "fused", impl == "foreach"
+    had_check = _FUSED_CHECK in vars(optimizer)
 
     def restore() -> None:
         for group, flags in saved:
             group.pop("fused", None)
             group.pop("foreach", None)
             group.update(flags)
+        if not had_check:   # the fused kernel's first step sets it: the optimizer as it was
+            vars(optimizer).pop(_FUSED_CHECK, None)
     return restore
+
+
+_FUSED_CHECK = "_need_device_dtype_check_for_fused"   # torch/optim/optimizer.py

@@ -137,8 +137,10 @@ CORPUS = [
             steps=2 * 512 // 64, samples=2 * 512, argv=("--outf", "{dir}/results")),
     Program("dcgan", "two models, two Adam optimizers; D: two backward then step, G: backward "
             "then step; BatchNorm; noise from the global RNG; per-epoch state_dict saves",
-            steps=2 * 2 * 256 // 32, samples=2 * 256, models=("netG", "netD"),
-            optimizers=("optimizerD", "optimizerG"), argv=("--outf", "{dir}", "--manualSeed", "999")),
+            # a step is a training batch (issue 38): D's step and G's after it are one
+            steps=2 * 256 // 32, samples=2 * 256, models=("netG", "netD"),
+            optimizers=("optimizerD", "optimizerG"), argv=("--outf", "{dir}", "--manualSeed", "999"),
+            hand_steps=lambda ns: ns["opt"].niter * len(ns["dataloader"])),
     Program("quickstart", "tutorial train()/test() functions; SGD; step before zero_grad; "
             "unshuffled loader",
             steps=2 * 640 // 64, samples=2 * 640),

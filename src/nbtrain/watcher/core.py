@@ -21,6 +21,7 @@ import time
 from typing import Optional
 
 import torch
+from torch.compiler import is_compiling
 from torch.optim.optimizer import (register_optimizer_step_post_hook,
                                    register_optimizer_step_pre_hook)
 from torch.utils.data import DataLoader
@@ -29,7 +30,7 @@ from .. import checkpoint as ckpt
 from ..run import Run
 from ..telemetry import HostTimer, Interval, RestTimer
 from .copies import CopiesPart
-from .loader import KEPT, LoaderPart, StopWatching, samples_in
+from .loader import KEPT, LoaderPart, StopWatching, batch_dim_of, samples_in
 from .measure import MeasurePart
 from .precision import PrecisionPart
 from .records import RecordsPart
@@ -51,6 +52,7 @@ class Watcher(LoaderPart, CopiesPart, PrecisionPart, StepsPart, RecordsPart, Mea
         self._depth = 0                 # module calls in progress, until the model is found
         self._forward_hooks = []        # the global forward hooks' handles, while needed
         self._samples = 0               # samples of the step's batches not yet added to a loss
+        self._batch_dim = 0             # where a forward's input holds its samples
         self._backwards = 0             # backward() calls since the last step
         self._trained = False           # the loop's first backward has run
         self._at_boundary = True
@@ -154,7 +156,7 @@ class Watcher(LoaderPart, CopiesPart, PrecisionPart, StepsPart, RecordsPart, Mea
             self._remove_forward_hooks()
 
     def _forward_starts(self, module, args):
-        if self._inside:
+        if is_compiling() or self._inside:   # traced by torch.compile: the hook is not there
             return None
         if module is not self.model:
             if self.model is None:
@@ -179,7 +181,7 @@ class Watcher(LoaderPart, CopiesPart, PrecisionPart, StepsPart, RecordsPart, Mea
             self._depth += 1
 
     def _forward_ends(self, module, args, kwargs, output):
-        if self._inside:
+        if is_compiling() or self._inside:
             return None
         if module is not self.model:
             if self.model is None:
@@ -188,7 +190,7 @@ class Watcher(LoaderPart, CopiesPart, PrecisionPart, StepsPart, RecordsPart, Mea
         if _current_node() is not None:
             return None
         if self._training_loader is None and torch.is_grad_enabled():
-            self._samples += samples_in(args, kwargs)   # no DataLoader: the model's batch
+            self._samples += samples_in(args, kwargs, self._batch_dim)   # no DataLoader
         return self._forward_done(output)
 
     def _found_model(self, model) -> None:
@@ -196,6 +198,7 @@ class Watcher(LoaderPart, CopiesPart, PrecisionPart, StepsPart, RecordsPart, Mea
         is resolved from what the watch knows; nothing is run to find out."""
         self.model = model
         self.run.equip(model=model)
+        self._batch_dim = batch_dim_of(model)
         device = next(p for p in model.parameters() if p.requires_grad).device
         self._ensure_interval(device)
         self.run.resolved.setdefault("num_threads", (torch.get_num_threads(),

@@ -206,9 +206,20 @@ class LoaderPart:
                 yield [t.index_select(0, index) for t in tensors]   # = t[index], at half its cost
 
 
-def samples_in(args, kwargs) -> int:
-    """Samples in a forward's arguments (`model(x)`, `model(batch)`, `model(**batch)`)."""
+def samples_in(args, kwargs, batch_dim: int = 0) -> int:
+    """Samples in a forward's arguments (`model(x)`, `model(batch)`, `model(**batch)`);
+    `batch_dim` 1: a sequence-first model's (seq, batch, ...) input."""
+    if batch_dim and args and isinstance(args[0], torch.Tensor) and args[0].dim() > 1:
+        return args[0].shape[batch_dim]
     return _batch_samples(args if args else dict(kwargs))
+
+
+def batch_dim_of(model) -> int:
+    """1 for a sequence-first model (an nn.LSTM, GRU, Transformer or attention layer of
+    it with batch_first=False, torch's default), else 0."""
+    sequence_first = (torch.nn.RNNBase, torch.nn.Transformer, torch.nn.TransformerEncoderLayer,
+                      torch.nn.TransformerDecoderLayer, torch.nn.MultiheadAttention)
+    return int(any(isinstance(m, sequence_first) and not m.batch_first for m in model.modules()))
 
 
 def _batch_samples(batch) -> int:

@@ -1,11 +1,11 @@
 """What a step of the loop is, seen from outside.
 
-- With optimizers: torch's global optimizer step hooks. The lead optimizer is the first
-  one to step; each of its steps ends a step of the Run. Another optimizer's step (a
-  GAN's generator, after its discriminator) is part of the same step, so a step is one
-  training batch; with several optimizers the step boundary (where Stop ends the loop)
-  is after the last of them. Several `backward` per step (gradient accumulation) are
-  its micro-batches.
+- With optimizers: torch's global optimizer step hooks. An optimizer's step ends a step
+  of the Run, unless it follows another optimizer's step with no training batch between
+  (a GAN's generator after its discriminator): that one is part of the same step, so a
+  step is one training batch, its samples counted once; with several optimizers a step,
+  the step boundary (where Stop ends the loop) is after the last of them. Several
+  `backward` per step (gradient accumulation) are its micro-batches.
 - Without one (the loop updates its parameters by hand, `p.data.add_(...)`): a leaf of
   the first loss's graph is watched; a backward that finds its gradient zeroed, set to
   None or replaced, or the leaf itself changed in place since the last backward, ends
@@ -30,8 +30,9 @@ class StepsPart:
     """The Watcher's part that ends steps (a mixin: it shares the run and the interval)."""
 
     def _init_steps(self) -> None:
-        self._lead = None               # the optimizer whose steps end the Run's steps
-        self._steppers = set()          # ids of the optimizers that stepped
+        self._lead = None               # the first optimizer to step
+        self._stepped = set()           # ids of the optimizers that stepped in this step
+        self._per_step = 1              # the most optimizers that stepped in one step
         self._optimizers = weakref.WeakSet()
         self._flags_as_found = weakref.WeakKeyDictionary()   # optimizer -> its groups' flags
         self._hand = None               # HandSteps: while no optimizer has stepped
@@ -72,24 +73,28 @@ class StepsPart:
         if self._inside:
             return
         if self._lead is None:
-            self._lead_by(optimizer)
-        if optimizer is self._lead:
-            if self._backwards:
-                self._close_step()
-                self._at_boundary = len(self._steppers) < 2
-            return
-        if id(optimizer) not in self._steppers:
-            self._steppers.add(id(optimizer))
+            self._lead, self._hand = optimizer, None
             self._describe_steps()
-        if self._backwards:   # its backwards belong to the step the lead ended
+        if self._backwards and self._starts_a_step(optimizer):
+            self._close_step()
+            self._stepped = {id(optimizer)}
+        elif self._backwards:   # its backwards belong to the step just ended
             self.interval.extend_step()
             self._backwards = 0
-        self._at_boundary = True
+            self._stepped.add(id(optimizer))
+        else:   # a second optimizer on the same backward: the same step
+            self._stepped.add(id(optimizer))
+        if len(self._stepped) > self._per_step:
+            self._per_step = len(self._stepped)
+            self._describe_steps()
+        # with several optimizers a step, the boundary is after the last of them
+        self._at_boundary = len(self._stepped) >= self._per_step
 
-    def _lead_by(self, optimizer) -> None:
-        self._lead, self._hand = optimizer, None
-        self._steppers.add(id(optimizer))
-        self._describe_steps()
+    def _starts_a_step(self, optimizer) -> bool:
+        """An optimizer step ends a step of the Run unless it follows another optimizer's
+        step with no training batch between and did not step itself since: a GAN's
+        generator after its discriminator, on the same batch."""
+        return self._batches > 0 or not self._stepped or id(optimizer) in self._stepped
 
     def _close_step(self, measure: bool = True) -> None:
         run, interval = self.run, self.interval
@@ -112,12 +117,13 @@ class StepsPart:
             self.run.resolved["step"] = ("an update by hand", why)
             return
         name = type(self._lead).__name__
-        if len(self._steppers) < 2:
+        if self._per_step < 2:
             self.run.resolved["step"] = ("an optimizer step", f"each step of your {name}")
             return
         self.run.resolved["step"] = ("a training batch", (
-            f"{len(self._steppers)} optimizers step in your loop: a step of the Run is one "
-            f"step of your {name} (the first to step) and the others' after it"))
+            f"{self._per_step} optimizers step in one step of your loop: a step of the Run ends "
+            "at an optimizer's step that follows a new training batch (or that optimizer's "
+            "own last step); the others' steps after it, on the same batch, are part of it"))
 
     # -- updates by hand --------------------------------------------------------------------
     def _watch_hand_updates(self, loss: torch.Tensor) -> None:
