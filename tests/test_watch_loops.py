@@ -257,3 +257,30 @@ def trial_with(fp32_s: list, bf16_s: list) -> Bf16Trial:
 def test_bf16_is_kept_only_where_it_beat_fp32_beyond_the_noise(fp32, bf16, keep, decisive):
     trial = trial_with(fp32, bf16)
     assert trial.verdict()[0] is keep and trial.decisive() is decisive
+
+
+def test_the_bf16_trial_runs_on_the_loops_own_steps_and_decides(monkeypatch, tmp_path):
+    """A CPU said to have bf16 units (this one may not): the trial's blocks really run in
+    bf16, and the choice is the trial's, said with the steps it was measured on."""
+    from nbtrain.watcher import precision
+    monkeypatch.setenv("NBTRAIN_HOME", str(tmp_path))
+    for where in (precision, measure):
+        monkeypatch.setattr(where, "cpu_bf16_feature", lambda: "avx512_bf16")
+    monkeypatch.setattr(measure, "BLOCK_S", 0.002)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 4))
+    opt = torch.optim.SGD(model.parameters(), 0.01)
+    dtypes = []
+    probe = model[0].register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
+    x, y = torch.randn(2048, 64), torch.randint(0, 4, (2048,))
+    with nt.watch(count_flops=False, **QUIET) as run:
+        for _ in range(10):
+            for xb, yb in DataLoader(TensorDataset(x, y), batch_size=32):
+                opt.zero_grad()
+                F.cross_entropy(model(xb), yb).backward()
+                opt.step()
+    probe.remove()
+    amp, why = run.resolved["amp"]
+    assert "measured on your loop's own steps" in why, why
+    assert torch.bfloat16 in dtypes and dtypes[0] == torch.float32   # fp32 until the trial
+    assert (amp == "bf16") == (dtypes[-1] == torch.bfloat16)
