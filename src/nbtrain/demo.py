@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
+import textwrap
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -41,6 +42,7 @@ BUDGET_S = 65.0        # no round starts that would end after this (the rows' pa
 # of the same case there differ by up to 4% (probe.MIN_GAIN's measurement).
 NOISE_FLOOR = 0.03
 OWN_LOOP_EPOCHS, OWN_LOOP_ROUNDS = 4, 3
+WIDTH = 100   # the text's paragraphs are wrapped at this
 
 # Everything a hand-written loop leaves at PyTorch's defaults: fp32, per-sample
 # DataLoader with no workers and no pinning, the data where it is, the for-loop optimizer,
@@ -433,16 +435,17 @@ def own_loop_text(own: dict) -> str:
 
 def demo_text(demo: Demo, device: str = "cpu") -> str:
     lines = demo.lines
-    text = [comparison_table(lines), "",
-            f"{demo.rounds} interleaved rounds; samples/s: the median of the rounds, each "
-            "run's steady rate (the median of its records); spread: the middle half of the "
-            "rounds over the median; vs above: the median of the per-round ratios. Each row "
-            "adds one toggle to the rows above it; the last is nbtrain's defaults.", "",
-            "what each row's toggle resolved to, and why:", resolved_table(demo.rows)]
-    whys = [f"  {line.label}: {line.why}" for line in lines if line.why]
+    text = [comparison_table(lines), "", textwrap.fill(
+        f"{demo.rounds} interleaved rounds; samples/s: the median of the rounds, each run's "
+        "steady rate (the median of its records); spread: the middle half of the rounds over "
+        "the median; vs above: the median of the per-round ratios to the timed row above. "
+        "Each row adds one toggle to the rows above it; the last is nbtrain's defaults.",
+        WIDTH), "", "what each row's toggle resolved to, and why:", resolved_table(demo.rows)]
+    whys = [textwrap.fill(f"{line.label}: {line.why}", WIDTH, initial_indent="  ",
+                          subsequent_indent="    ") for line in lines if line.why]
     if whys:
         text += ["", "where a toggle does not pay here:"] + whys
     if demo.own_loop is not None:
-        text += ["", own_loop_text(demo.own_loop)]
+        text += ["", textwrap.fill(own_loop_text(demo.own_loop), WIDTH)]
     text += ["", f"demo: {demo.wall_s:.0f} s on {device}"]
     return "\n".join(text)
