@@ -64,10 +64,12 @@ def test_paired_ratio_is_the_median_of_the_per_round_ratios():
     (1.20, 0.05, ("gain", "1.20x faster")),
     (1.04, 0.05, ("noise", "within noise")),     # inside the spread
     (1.02, 0.00, ("noise", "within noise")),     # inside the floor, however tight the rounds
+    (0.955, 0.01, ("noise", "within noise")),
     (0.80, 0.05, ("loss", "1.25x slower")),
     (0.94, 0.08, ("noise", "within noise")),
     (1.35, 0.40, ("noise", "within noise")),     # a big gain, but the rounds spread wider
     (1.10, math.nan, ("gain", "1.10x faster")),  # one run each: the floor only
+    (1.06, 0.02, ("gain", "1.06x faster")),
 ])
 def test_a_gain_within_the_spread_is_within_noise(ratio, noise, expected):
     assert verdict(ratio, noise) == expected
@@ -77,7 +79,7 @@ def test_rounds_go_on_until_the_spread_is_small_or_a_cap():
     assert more_rounds(1, [0.01], 10, 10)                      # fewer than the minimum
     assert not more_rounds(3, [0.05, 0.08], 30, 10)            # every row within 10%
     assert more_rounds(3, [0.05, 0.15], 30, 10)                # one row too wide
-    assert not more_rounds(3, [0.05, 0.15], 60, 10)            # the next round ends too late
+    assert not more_rounds(3, [0.05, 0.15], demo.BUDGET_S - 5, 10)   # the next ends too late
     assert not more_rounds(9, [0.05, 0.15], 30, 1)             # the round cap
 
 
