@@ -77,6 +77,7 @@ def test_a_gain_within_the_spread_is_within_noise(ratio, noise, expected):
 
 def test_rounds_go_on_until_the_spread_is_small_or_a_cap():
     assert more_rounds(1, [0.01], 10, 10)                      # fewer than the minimum
+    assert not more_rounds(1, [0.01], demo.BUDGET_S, demo.BUDGET_S + 1)   # a swamped machine
     assert not more_rounds(3, [0.05, 0.08], 30, 10)            # every row within 10%
     assert more_rounds(3, [0.05, 0.15], 30, 10)                # one row too wide
     assert not more_rounds(3, [0.05, 0.15], demo.BUDGET_S - 5, 10)   # the next ends too late

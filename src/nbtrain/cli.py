@@ -6,7 +6,7 @@ import sys
 
 
 def main(argv=None) -> int:
-    from .demo import EPOCHS, MAX_ROUNDS, MIN_ROUNDS, TARGET_SPREAD
+    from .demo import BUDGET_S, EPOCHS, MAX_ROUNDS, MIN_ROUNDS, TARGET_SPREAD
     from .version import __version__
     parser = argparse.ArgumentParser(prog="nbtrain", description=__doc__)
     parser.add_argument("--version", action="version", version=f"nbtrain {__version__}")
@@ -19,7 +19,8 @@ def main(argv=None) -> int:
                       "for the threads probe to measure)")
     demo.add_argument("--max-rounds", type=int, default=MAX_ROUNDS,
                       help="interleaved rounds of every case at most (at least "
-                      f"{MIN_ROUNDS}; fewer once each row's spread is at most "
+                      f"{MIN_ROUNDS} unless they would take over {2 * BUDGET_S:.0f} s; fewer "
+                      "once each row's spread is at most "
                       f"{TARGET_SPREAD * 100:.0f}%%); the table gives their median")
     demo.add_argument("--progress", action="store_true", help="show a progress bar per run")
     args = parser.parse_args(argv)

@@ -7,7 +7,8 @@ A shared machine is noisy (one run of a fraction of a second could be off by 50%
 run is long enough to measure its "auto" choices (the threads probe needs ~340 steps),
 its rate is its steady one (the median of its records, so a slow spell of another process
 moves it little), and the cases are run in interleaved rounds, the order rotating, until
-every row's spread is at most 10% (at least 3 rounds, at most 9, within a time budget).
+every row's spread is at most 10% (at least 3 rounds, at most 9, within a time budget;
+fewer than 3 only where the machine is so busy they would take over twice the budget).
 A row whose settings resolve to those of the row above is the same case: run once, it
 says so instead of timing noise. A gain smaller than the spread says "within noise".
 """
@@ -157,10 +158,11 @@ def verdict(ratio: float, noise: float) -> Tuple[str, str]:
 def more_rounds(done: int, spreads: Sequence[float], elapsed_s: float, round_s: float,
                 min_rounds: int = MIN_ROUNDS, max_rounds: int = MAX_ROUNDS,
                 target: float = TARGET_SPREAD, budget_s: float = BUDGET_S) -> bool:
-    """Whether to run another round: always up to `min_rounds`; then while a row is spread
-    wider than `target`, up to `max_rounds`, if one more round (`round_s`) ends in budget."""
+    """Whether to run another round: up to `min_rounds` unless one more would end after
+    twice the budget (a machine busy with other work: the busy note says so); then while a
+    row is spread wider than `target`, up to `max_rounds`, if one more round ends in budget."""
     if done < min_rounds:
-        return True
+        return elapsed_s + round_s <= 2 * budget_s
     if done >= max_rounds or elapsed_s + round_s > budget_s:
         return False
     return any(s > target for s in spreads)
