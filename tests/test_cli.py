@@ -15,22 +15,29 @@ def test_demo_help_gives_every_options_help_and_default(capsys):
     with pytest.raises(SystemExit):
         main(["demo", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "--epochs EPOCHS passes over the digits data, each run (default: 4)" in out
-    assert "--repeats REPEATS runs of each case, interleaved; the table gives their median " \
-        "(default: 3)" in out
+    assert "--epochs EPOCHS passes over the digits data, each run (fewer than 15: too short " \
+        "for the threads probe to measure) (default: 16)" in out
+    assert "--max-rounds MAX_ROUNDS interleaved rounds of every case at most (at least 3 " \
+        "unless they would take over 140 s; fewer once each row's spread is at most 10%); " \
+        "the table gives their median " \
+        "(default: 9)" in out
     assert "--progress show a progress bar per run (default: False)" in out
 
 
-def test_demo_adds_one_toggle_per_row_and_ends_at_the_defaults(capsys, monkeypatch):
+def test_the_demo_runs_every_row_and_the_own_loop_and_prints_the_table(capsys, monkeypatch):
+    """The whole path, made short (one round of one epoch): its figures mean nothing here,
+    its structure is the demo's (tests/test_demo.py checks the verdicts)."""
     from nbtrain import demo
     monkeypatch.setattr(demo.os, "getloadavg", lambda: (99.0, 99.0, 99.0))
-    configs = demo.demo_configs(nbtrain.TrainConfig())
-    assert list(configs)[0] == "plain loop" and list(configs.values())[-1] == nbtrain.TrainConfig()
-    changed = [{k for k, v in b.to_dict().items() if a.to_dict()[k] != v}
-               for a, b in zip(list(configs.values()), list(configs.values())[1:])]
-    assert changed[1] == {"num_threads"} and changed[2] == {"optimizer_impl"}
-    assert changed[3] == {"amp"}
-    runs = demo.run_demo(epochs=1, repeats=2)
+    result = demo.run_demo(epochs=1, max_rounds=1, min_rounds=1, own_loop_epochs=1,
+                           own_loop_rounds=1)
     out = capsys.readouterr().out
-    assert all(len(rs) == 2 for rs in runs.values())
-    assert "+ fused optimizer" in out and "(min-max)" in out and "the machine is busy" in out
+    assert result.finished and result.rounds == 1 and len(result.rows) == 5
+    labels = [line.label for line in result.lines]
+    assert labels == ["plain loop"] + [t.label for t in demo.CPU_TOGGLES]
+    table = out[out.index("samples/s"):]
+    assert all(label in table for label in labels) and "the machine is busy" in out
+    assert "what each row's toggle resolved to, and why:" in out
+    assert "num_threads=" in out and "optimizer_impl=fused" in out
+    assert "your own loop, the same CNN" in out and "under nt.watch()" in out
+    assert result.own_loop["state"] == "finished"

@@ -9,14 +9,19 @@ from . import datasets
 from .autotune import autotune
 from .compare import compare
 from .config import ConfigError, TrainConfig
-from .entry import fit, watch
+from .entry import fit, show_progress_with, watch
 from .lr_find import lr_find
 from .memory import max_batch_size
 from .profiling import profile
+from .progress import attach_progress, setup_line
 from .run import Run, TrainingError
 from .schedule import schedule_preview
-
 from .version import __version__
+
+# fit(progress=True)'s bar: a view, handed down to the entry, which imports no view
+show_progress_with(attach_progress, setup_line)
+del attach_progress, setup_line, show_progress_with
+
 __all__ = ["TrainConfig", "ConfigError", "fit", "watch", "Run", "TrainingError", "schedule_preview",
            "max_batch_size", "compare", "lr_find", "autotune", "profile",
            "datasets", "data", "load_ipython_extension", "unload_ipython_extension",

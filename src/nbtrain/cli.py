@@ -6,21 +6,28 @@ import sys
 
 
 def main(argv=None) -> int:
+    from .demo import BUDGET_S, EPOCHS, MAX_ROUNDS, MIN_ROUNDS, TARGET_SPREAD
     from .version import __version__
     parser = argparse.ArgumentParser(prog="nbtrain", description=__doc__)
     parser.add_argument("--version", action="version", version=f"nbtrain {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="train the digits CNN plainly, then with nbtrain's auto settings",
+    demo = sub.add_parser("demo", help="train the digits CNN plainly, then with nbtrain's "
+                          "toggles one at a time, then as your own loop under nt.watch",
                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    demo.add_argument("--epochs", type=int, default=4, help="passes over the digits data, each run")
-    demo.add_argument("--repeats", type=int, default=3,
-                      help="runs of each case, interleaved; the table gives their median")
+    demo.add_argument("--epochs", type=int, default=EPOCHS,
+                      help="passes over the digits data, each run (fewer than 15: too short "
+                      "for the threads probe to measure)")
+    demo.add_argument("--max-rounds", type=int, default=MAX_ROUNDS,
+                      help="interleaved rounds of every case at most (at least "
+                      f"{MIN_ROUNDS} unless they would take over {2 * BUDGET_S:.0f} s; fewer "
+                      "once each row's spread is at most "
+                      f"{TARGET_SPREAD * 100:.0f}%%); the table gives their median")
     demo.add_argument("--progress", action="store_true", help="show a progress bar per run")
     args = parser.parse_args(argv)
     if args.command == "demo":
         from .demo import run_demo
-        runs = run_demo(epochs=args.epochs, repeats=args.repeats, progress=args.progress)
-        return 0 if all(r.state == "finished" for rs in runs.values() for r in rs) else 1
+        demo_ = run_demo(epochs=args.epochs, max_rounds=args.max_rounds, progress=args.progress)
+        return 0 if demo_.finished else 1
     return 2
 
 

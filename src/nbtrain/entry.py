@@ -196,12 +196,27 @@ def without_validation(cfg: TrainConfig) -> TrainConfig:
     return cfg.replace(scheduler="constant") if cfg.scheduler == "plateau" else cfg
 
 
+# -- the progress bar, a view: handed in from above ------------------------------------------------
+# The bar (progress.py) sits above this layer, so the entry never imports it: the package
+# (nbtrain/__init__.py) hands it in once with show_progress_with, and `progress=True` /
+# "auto" means that bar. With none handed in, True shows nothing.
+_progress_bar = {"attach": None, "setup_line": None}
+
+
+def show_progress_with(attach: Optional[Callable[[Run], None]],
+                       setup_line: Optional[Callable[[Run], "contextlib.AbstractContextManager"]]
+                       = None) -> None:
+    """The bar `progress=True` shows: `attach(run)` before the first step (it subscribes
+    to the records), `setup_line(run)` a context manager around the setup (a line saying
+    what the setup measures). nbtrain/__init__.py passes progress.py's."""
+    _progress_bar.update(attach=attach, setup_line=setup_line)
+
+
 def _setup_line(run: Run, progress):
     """With a progress bar: a line saying what the setup measures, once it takes a second."""
-    if callable(progress) or not progress:
+    if callable(progress) or not progress or _progress_bar["setup_line"] is None:
         return contextlib.nullcontext()
-    from .progress import setup_line   # lazy, as attach_progress
-    return setup_line(run)
+    return _progress_bar["setup_line"](run)
 
 
 def attach_hooks(run: Run, schedule, on_start, progress) -> None:
@@ -213,9 +228,8 @@ def attach_hooks(run: Run, schedule, on_start, progress) -> None:
         on_start(run)
     if callable(progress):
         progress(run)
-    elif progress:
-        from .progress import attach_progress   # the one UI import: lazy, and above the engines
-        attach_progress(run)
+    elif progress and _progress_bar["attach"] is not None:   # the bar handed in from above
+        _progress_bar["attach"](run)
 
 
 # -- the last run, released by the next one (release_previous) -----------------------------------

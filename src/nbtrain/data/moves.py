@@ -17,7 +17,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from .nested import map_tensors, tensors
-from .prefetch import _Unmarked, copied_ahead
+from .prefetch import Unmarked, copied_ahead
 
 GPU = "cuda"   # the device type copied to (a test stands in "meta" for it on a CPU)
 
@@ -104,7 +104,7 @@ class AheadCopies:
         # id(cpu tensor) -> (it, its copy, its version when copied), for the last batch out
         self.ready: Dict[int, Tuple[torch.Tensor, torch.Tensor, int]] = {}
 
-    def batches(self, batches, markers=_Unmarked()):
+    def batches(self, batches, markers=Unmarked()):
         """`batches` as they come (the tensors copied pinned, where `pin`), each one's
         copies queued on the side stream before the one before it is handed out
         (prefetch.copied_ahead)."""

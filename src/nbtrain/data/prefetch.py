@@ -17,8 +17,9 @@ def _record_stream(batch, stream) -> None:
         tensor.record_stream(stream)
 
 
-class _Unmarked:
-    """No timer: the wait for a copy is not timed (telemetry off, or no loop attached)."""
+class Unmarked:
+    """No timer: the wait for a copy is not timed (telemetry off, no loop attached, or a
+    watched loop's copies: data/moves.py)."""
 
     def wait_started(self) -> None:
         pass
@@ -39,7 +40,7 @@ class CudaPrefetcher:
     def __init__(self, source, move: Callable, device: torch.device):
         self.source, self.move, self.device = source, move, device
         self.stream = torch.cuda.Stream(device)
-        self.markers = _Unmarked()
+        self.markers = Unmarked()
 
     def __len__(self) -> int:
         return len(self.source)
@@ -50,7 +51,7 @@ class CudaPrefetcher:
 
 
 def copied_ahead(batches: Iterator, move: Callable, stream, device: torch.device,
-                 markers=_Unmarked(), record: Callable = _record_stream) -> Iterator:
+                 markers=Unmarked(), record: Callable = _record_stream) -> Iterator:
     """`batches` moved by `move` on the side `stream`, one batch ahead of the one yielded:
     batch k+1's copy is queued before batch k is handed out, and the compute stream
     waits for a copy on the GPU (the host does not block); `record(moved, stream)` tells

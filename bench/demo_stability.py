@@ -1,0 +1,121 @@
+"""Does `nbtrain demo` tell the same story every time? Runs it 5 times in a row, each in a
+fresh process as a new user's first command would, and prints each row's verdict per run
+and whether the verdicts and the order of the rows agreed (issue 40).
+
+    python bench/demo_stability.py [--runs 5] [--max-rounds 9]
+
+Agreed means: every row has the same verdict (faster, slower, within noise, same settings
+as a row above) in every run, and the timed rows come in the same order by samples/s in
+every run, where two rows within 5% of each other in a run may swap.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ONE_DEMO = """
+import json, sys
+from dataclasses import asdict
+from nbtrain.demo import run_demo
+demo = run_demo(max_rounds=int(sys.argv[2]))
+with open(sys.argv[1], "w") as f:
+    json.dump({"lines": [asdict(line) for line in demo.lines], "rounds": demo.rounds,
+               "wall_s": demo.wall_s, "own_loop": demo.own_loop}, f)
+"""
+SWAP_WITHIN = 0.05
+
+
+def run_once(max_rounds: int) -> dict:
+    """One `nbtrain demo` in a fresh process (its output goes to this one's); its figures."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "demo.json")
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", ONE_DEMO, path, str(max_rounds)], check=True)
+        with open(path) as f:
+            result = json.load(f)
+    result["process_s"] = time.perf_counter() - start   # the interpreter's start included
+    return result
+
+
+def order_disagreements(results: list) -> list:
+    """The pairs of timed rows that swapped between two runs though they were more than
+    SWAP_WITHIN apart in both."""
+    found = []
+    labels = [line["label"] for line in results[0]["lines"]]
+    for a, b in itertools.combinations(labels, 2):
+        ratios = []
+        for result in results:
+            rates = {line["label"]: line["rate"] for line in result["lines"]
+                     if line["kind"] != "same"}
+            if a in rates and b in rates:
+                ratios.append(rates[a] / rates[b])
+        for r1, r2 in itertools.combinations(ratios, 2):
+            apart = abs(r1 - 1) > SWAP_WITHIN and abs(r2 - 1) > SWAP_WITHIN
+            if apart and (r1 > 1) != (r2 > 1):
+                found.append((a, b))
+                break
+    return found
+
+
+def report(results: list) -> str:
+    labels = [line["label"] for line in results[0]["lines"]]
+    width = max(map(len, labels)) + 2
+    out = ["| row | " + " | ".join(f"run {i + 1}" for i in range(len(results))) + " | agreed |",
+           "|---|" + "---|" * len(results) + "---|"]
+    all_agree = True
+    for k, label in enumerate(labels):
+        cells, kinds = [], set()
+        for result in results:
+            line = result["lines"][k]
+            kinds.add(line["kind"])
+            if line["kind"] == "same":
+                cells.append("same as above")
+            elif line["kind"] == "base":
+                cells.append(f"{line['rate']:,.0f}/s ({line['spread']:.0%})")
+            else:
+                words = line["words"] if line["kind"] != "noise" else \
+                    f"{line['vs_above']:.2f}x, within noise"
+                cells.append(f"{words} ({line['spread']:.0%})")
+        agreed = len(kinds) == 1
+        all_agree &= agreed
+        out.append(f"| {label:<{width}}| " + " | ".join(cells) + f" | {'yes' if agreed else 'NO'} |")
+    swapped = order_disagreements(results)
+    own = [r["own_loop"]["ratio"] for r in results if r.get("own_loop")]
+    out += ["", "verdicts agreed in every run: " + ("yes" if all_agree else "NO"),
+            "order of the timed rows agreed (rows within 5% may swap): "
+            + ("yes" if not swapped else "NO: " + "; ".join(f"{a} / {b}" for a, b in swapped)),
+            "rounds per run: " + ", ".join(str(r["rounds"]) for r in results),
+            "demo wall time per run (s): " + ", ".join(f"{r['wall_s']:.0f}" for r in results)
+            + " (the process, interpreter start included: "
+            + ", ".join(f"{r['process_s']:.0f}" for r in results) + ")",
+            "vs plain of the defaults (last row): " + ", ".join(
+                f"{r['lines'][-1]['vs_plain']:.2f}x" for r in results if r['lines'][-1]['kind']
+                != "same"),
+            "own loop under nt.watch(), time vs as written: " + ", ".join(f"{x:.2f}x" for x in own)]
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--max-rounds", type=int, default=9)
+    args = parser.parse_args(argv)
+    from nbtrain.flops import machine_line
+    print(machine_line(), f"load average at start {os.getloadavg()[0]:.1f}", flush=True)
+    results = []
+    for i in range(args.runs):
+        print(f"\n=== demo {i + 1}/{args.runs} (load {os.getloadavg()[0]:.1f}) ===", flush=True)
+        results.append(run_once(args.max_rounds))
+    print(f"\n=== {args.runs} demos in a row (load average at the end "
+          f"{os.getloadavg()[0]:.1f}) ===\n" + report(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
