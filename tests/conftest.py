@@ -1,6 +1,12 @@
 import contextlib
+import os
 import sys
+import tempfile
 from collections.abc import Mapping
+
+# Every run is stored (nbtrain.store): the suite's go to a folder of its own, never to
+# ~/.nbtrain; subprocesses and ranks inherit it.
+os.environ["NBTRAIN_HOME"] = tempfile.mkdtemp(prefix="nbtrain-home-")
 
 import pytest
 import torch

@@ -15,10 +15,12 @@ from .memory import max_batch_size
 from .profiling import profile
 from .run import Run, TrainingError
 from .schedule import schedule_preview
+from .store import delete_runs, load_run, runs
 
 from .version import __version__
 __all__ = ["TrainConfig", "ConfigError", "fit", "watch", "Run", "TrainingError", "schedule_preview",
            "max_batch_size", "compare", "lr_find", "autotune", "profile",
+           "runs", "load_run", "delete_runs",
            "datasets", "data", "load_ipython_extension", "unload_ipython_extension",
            "Panel", "Dashboard"]
 
