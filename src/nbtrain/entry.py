@@ -125,7 +125,7 @@ class watch:
             self._watcher.remove()
             raise
         _remember(self.run)
-        keep(self.run, "watch")
+        keep(self.run, ("watch", None))
         self.run.start()
         return self.run
 
@@ -139,20 +139,23 @@ class watch:
 
 # -- keeping the run: the run store and the reporters (store.py, reporters.py) ---------------------
 KEEPING_FIELDS = ("name", "store", "report_to", "report_dir")   # any run's, a watch's too
-_kind: contextvars.ContextVar = contextvars.ContextVar("nbtrain_run_kind", default="fit")
+# (kind, the name of an unnamed run) of the fits in this context: see `trials`
+_kind: contextvars.ContextVar = contextvars.ContextVar("nbtrain_run_kind", default=("fit", None))
 
 
-def keep(run: Run, kind: str) -> None:
-    """Store `run` as it goes (unless store=False) and start its reporters (report_to)."""
-    store.keep(run, kind)
+def keep(run: Run, kind: tuple) -> None:
+    """Store `run` as it goes (unless store=False) and start its reporters (report_to);
+    `kind`: ("fit", "watch" or "trial", the stored name when the config has none)."""
+    store.keep(run, *kind)
     reporters.attach(run)
 
 
 @contextlib.contextmanager
-def trials():
-    """The fits inside are a tool's trials (nt.compare, nt.autotune, nt.lr_find): stored
-    with kind="trial", so that nt.runs(kind="fit") lists the user's own."""
-    token = _kind.set("trial")
+def trials(name: Optional[str] = None):
+    """The fits inside are a tool's trials (nt.compare's, nt.autotune's, nt.lr_find's,
+    nt.profile's): stored with kind="trial" (nt.runs(kind="fit") lists the user's own),
+    named `name` when their config names them not."""
+    token = _kind.set(("trial", name))
     try:
         yield
     finally:

@@ -394,8 +394,9 @@ class StoredRun:
     Called in the training thread for every record: it copies the record (the loop's
     own dict stays the loop's) and queues it, nothing more."""
 
-    def __init__(self, run: Run, writer: Writer, kind: str):
+    def __init__(self, run: Run, writer: Writer, kind: str, name: Optional[str] = None):
         self.run, self.writer, self.kind = run, writer, kind
+        self.name = run.config.name or name
         self.id = run.id
         self._seq = 0
         self._resolved_sent = False
@@ -404,7 +405,7 @@ class StoredRun:
     def begin(self) -> "StoredRun":
         run = self.run
         host, pid, pid_started = _this_process()
-        row = {"id": self.id, "name": run.config.name, "kind": self.kind, "started": time.time(),
+        row = {"id": self.id, "name": self.name, "kind": self.kind, "started": time.time(),
                "state": "running", "pid": pid, "pid_started": pid_started, "host": host,
                "config": _json(run.config.to_dict()), "resolved": _json(run.resolved),
                "total_steps": run.total_steps, "steps": run.step, "records": 0}
@@ -448,14 +449,14 @@ class StoredRun:
         self.writer.submit(("discard", self.id), urgent=True)
 
 
-def keep(run: Run, kind: str) -> Optional[StoredRun]:
+def keep(run: Run, kind: str, name: Optional[str] = None) -> Optional[StoredRun]:
     """Store `run` (kind "fit", "watch" or "trial") from now on, unless its config says
-    store=False."""
+    store=False; `name` is its stored name when the config gives none."""
     run.keep_as(new_id(), kind)   # an id even when not stored: the reporters name it so
     path = path_of(run.config.store)
     if path is None:
         return None
-    stored = StoredRun(run, writer_for(path), kind).begin()
+    stored = StoredRun(run, writer_for(path), kind, name).begin()
     run.keep_as(run.id, kind, stored)
     return stored
 
