@@ -52,8 +52,10 @@ BUSY_TIMEOUT_S = 10.0     # another process's transaction: sqlite waits this lon
 LOCKED_GIVE_UP_S = 60.0   # then the writer retries each second, up to this long, and drops
 QUEUE_LIMIT = 100_000     # records waiting for the writer; beyond, they are dropped (said once)
 IDLE_EXIT_S = 10.0        # an idle writer thread ends; the next run starts another
-END_WAIT_S = 2.0          # a run's end waits this long for its last commit
+BEGIN_WAIT_S = 2.0        # a run that ends before its row is written waits this long for it
 SCHEMA_VERSION = 1
+URGENT = ("begin", "end", "flush", "discard")   # written at once, not within the second
+SAME = 0   # a record's "diagnosis" stored as this: the same as the record before (~170 bytes)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -179,7 +181,7 @@ class Writer:
             now = time.monotonic()
             if pending:
                 idle_since = now
-                urgent = any(item[0] in ("end", "flush", "discard", "delete") for item in pending)
+                urgent = any(item[0] in URGENT for item in pending)
                 if urgent or now - last_commit >= COMMIT_EVERY_S:
                     outcome = self._write(pending)
                     if outcome == "locked" and (locked_since is None
@@ -206,8 +208,9 @@ class Writer:
                 return
 
     def _release(self, items: List[tuple]) -> None:
+        """Tell those waiting for `items` that they are written (or dropped)."""
         for item in items:
-            if item[0] in ("flush", "end") and item[-1] is not None:
+            if item[0] in ("flush", "begin", "end") and item[-1] is not None:
                 item[-1].set()
 
     def _write(self, items: List[tuple]) -> str:
@@ -286,7 +289,7 @@ class Writer:
             self._conn = None
 
     # -- what each item does, inside the transaction -----------------------------------------
-    def _begin(self, run_id: str, row: dict, history: list) -> None:
+    def _begin(self, run_id: str, row: dict, history: list, done=None) -> None:
         row = dict(row, machine=_json(machine()), schema=SCHEMA_VERSION)
         self._conn.execute(f"INSERT OR REPLACE INTO runs ({', '.join(row)}) "
                            f"VALUES ({', '.join('?' * len(row))})", list(row.values()))
@@ -298,9 +301,14 @@ class Writer:
         totals["records"] = len(history)
 
     def _record(self, run_id: str, seq: int, record: dict, t: float) -> None:
+        totals = self._totals.get(run_id)
+        said = record.get("diagnosis")
+        if totals is not None and said is not None:   # a sentence a record, mostly the same
+            if said == totals.get("diagnosis"):
+                record = dict(record, diagnosis=SAME)
+            totals["diagnosis"] = said
         self._conn.execute("INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?)",
                            (run_id, seq, t, _json(record)))
-        totals = self._totals.get(run_id)
         if totals is None:
             return
         totals["records"] += 1
@@ -316,7 +324,7 @@ class Writer:
         self._conn.execute(f"UPDATE runs SET {', '.join(f'{k} = ?' for k in fields)} "
                            "WHERE id = ?", [*fields.values(), run_id])
 
-    def _end(self, run_id: str, fields: dict, done) -> None:
+    def _end(self, run_id: str, fields: dict, done=None) -> None:
         self._update(run_id, fields)
         totals = self._totals.get(run_id)
         if totals is not None:
@@ -401,6 +409,7 @@ class StoredRun:
         self._seq = 0
         self._resolved_sent = False
         self._warned = False
+        self._begun = threading.Event()   # set once the writer has tried to write its row
 
     def begin(self) -> "StoredRun":
         run = self.run
@@ -409,7 +418,10 @@ class StoredRun:
                "state": "running", "pid": pid, "pid_started": pid_started, "host": host,
                "config": _json(run.config.to_dict()), "resolved": _json(run.resolved),
                "total_steps": run.total_steps, "steps": run.step, "records": 0}
-        self.writer.submit(("begin", self.id, row, [dict(r) for r in run.history]))
+        # urgent: the file is opened (or found broken) while the run prepares, so a
+        # broken store is known by the first record, warned about in this thread
+        self.writer.submit(("begin", self.id, row, [dict(r) for r in run.history],
+                            self._begun), urgent=True)
         run.subscribe(self)
         return self
 
@@ -422,18 +434,21 @@ class StoredRun:
                                                     "total_steps": self.run.total_steps}))
         self.writer.submit(("record", self.id, self._seq, dict(record), time.time()))
         self._seq += 1
-        if self.writer.problem and not self._warned:
+        if self.writer.problem and not self._warned and self._begun.is_set():
             self._warn()
 
     def _end(self) -> None:
+        """The state at the end, written at once (not waited for: nt.runs(), load_run()
+        and the interpreter's exit wait for it); a run shorter than the opening of the file
+        waits for that, to warn here about a broken store."""
         run = self.run
-        done = threading.Event()
         fields = {"state": run.state, "ended": time.time(), "message": run.message,
                   "steps": run.step, "epoch": run.epoch, "total_steps": run.total_steps,
                   "wall_s": run.wall_s, "resolved": dict(run.resolved),
                   "notes": list(run.notes)}
-        if self.writer.submit(("end", self.id, fields, done), urgent=True):
-            done.wait(END_WAIT_S)   # the end committed before fit returns (~1 ms)
+        self.writer.submit(("end", self.id, fields, None), urgent=True)
+        if not self._begun.is_set():
+            self._begun.wait(BEGIN_WAIT_S)
         if (self.writer.problem or self.writer.dropped) and not self._warned:
             self._warn()
 
@@ -606,6 +621,8 @@ def runs(name: Optional[str] = None, state: Optional[str] = None, kind: Optional
         with contextlib.closing(conn):
             rows = conn.execute(query, args).fetchall()
     except sqlite3.Error as exc:
+        if "no such table" in str(exc):   # a file its first writer is making right now
+            return RunTable([], path_of(store))
         raise RuntimeError(f"nbtrain: cannot read the run store {path_of(store)}: {exc}") from None
     out = []
     for row in rows:
@@ -653,9 +670,22 @@ def load_run(run_id: str, store: Union[bool, str, os.PathLike] = True) -> Run:
         if row is None:
             raise KeyError(f"nbtrain: no stored run {run_id!r} in {path_of(store)} "
                            f"(nt.runs() lists them)")
-        records = [json.loads(text) for (text,) in conn.execute(
-            "SELECT record FROM records WHERE run_id = ? ORDER BY seq", (row["id"],))]
+        records = _records([text for (text,) in conn.execute(
+            "SELECT record FROM records WHERE run_id = ? ORDER BY seq", (row["id"],))])
     return _as_run(row, records)
+
+
+def _records(texts: List[str]) -> List[dict]:
+    """The stored records as they were emitted (a diagnosis stored as SAME: the one before)."""
+    records, said = [], None
+    for text in texts:
+        record = json.loads(text)
+        if "diagnosis" in record:
+            if record["diagnosis"] == SAME:
+                record["diagnosis"] = said
+            said = record["diagnosis"]
+        records.append(record)
+    return records
 
 
 def _as_run(row, records: list) -> Run:
