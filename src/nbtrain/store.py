@@ -533,6 +533,9 @@ class RunTable:
         return iter(self.rows)
 
     def __getitem__(self, index):
+        """A row's dict; a slice is a table again (`nt.runs()[:5]`: the five newest)."""
+        if isinstance(index, slice):
+            return RunTable(self.rows[index], self.path)
         return self.rows[index]
 
     @property
