@@ -79,6 +79,51 @@ def measure(repeats: int, epochs: int) -> dict:
     return interleaved(list(todo), repeats, measure_one)
 
 
+def thread_costs(epochs: int, calls: int = 5) -> dict:
+    """{case: (training thread's ms in the store per call, the writer thread's CPU ms per
+    call, records per call, ms per call)}: the store's own work, timed where it runs, as
+    a figure the machine's noise does not move as much as it moves whole calls."""
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(8192, 64, generator=gen), torch.randint(0, 10, (8192,), generator=gen)
+    spent = [0.0]
+    originals = {name: getattr(store.StoredRun, name) for name in ("begin", "__call__", "_end")}
+
+    def timed(fn):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - start
+        return wrapper
+    out = {}
+    try:
+        for name, fn in originals.items():
+            setattr(store.StoredRun, name, timed(fn))
+        for case, call in (("nt.fit", fit_call), ("nt.watch", watch_call)):
+            writer = store.writer_for(store.path_of(True))
+            spent[0], busy, records, wall = 0.0, writer.busy_s, 0, 0.0
+            for _ in range(calls):
+                before = _records(store.path_of(True))
+                start = time.perf_counter()
+                call(x, y, epochs, True)
+                wall += time.perf_counter() - start
+                store.flush_all()
+                records += _records(store.path_of(True)) - before
+            out[case] = (spent[0] / calls * 1e3, (writer.busy_s - busy) / calls * 1e3,
+                         records / calls, wall / calls * 1e3)
+    finally:
+        for name, fn in originals.items():
+            setattr(store.StoredRun, name, fn)
+    return out
+
+
+def _records(path) -> int:
+    store.flush_all()
+    with sqlite3.connect(path) as conn:
+        return conn.execute("SELECT COUNT(*) FROM records").fetchone()[0]
+
+
 def bytes_per_record(path) -> tuple:
     """(bytes of the database per stored record, records, runs), after a checkpoint."""
     store.flush_all()
@@ -141,6 +186,11 @@ def main(argv=None):
             ratio, low, high = paired(times, on, off)
             print(f"| {case} (MLP, {args.epochs} epochs) | {statistics.median(times[on]):.4f} | "
                   f"{statistics.median(times[off]):.4f} | {ratio:.3f}x | {low:.3f}-{high:.3f} |")
+        print("\n| case | training thread in the store, ms/call | writer thread CPU, ms/call "
+              "| records/call | ms/call | both threads' share |\n|---|---:|---:|---:|---:|---:|")
+        for case, (ms, writer_ms, records, wall_ms) in thread_costs(args.epochs).items():
+            print(f"| {case} | {ms:.3f} | {writer_ms:.2f} | {records:.0f} | {wall_ms:.0f} | "
+                  f"{(ms + writer_ms) / wall_ms:.2%} |")
         path = store.path_of(True)
         per_record, records, runs = bytes_per_record(path)
         print(f"\nstore: {per_record:,.0f} bytes per record ({records:,} records of {runs} runs, "

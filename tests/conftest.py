@@ -5,11 +5,10 @@ import tempfile
 from collections.abc import Mapping
 
 # Every run is stored (nbtrain.store): the suite's go to a folder of its own, never to
-# ~/.nbtrain; subprocesses, ranks and the notebooks' kernels inherit it
-# (notebooks/conftest.py does the same when only the notebooks are collected).
-if "NBTRAIN_SUITE_HOME" not in os.environ:
-    os.environ["NBTRAIN_HOME"] = os.environ["NBTRAIN_SUITE_HOME"] = \
-        tempfile.mkdtemp(prefix="nbtrain-home-")
+# ~/.nbtrain. Subprocesses, ranks and the notebooks' kernels inherit it: pytest loads this
+# file before it collects anything, testpaths' notebooks/ included (a conftest.py there
+# would shadow this one for `from conftest import ...`).
+os.environ["NBTRAIN_HOME"] = tempfile.mkdtemp(prefix="nbtrain-home-")
 
 import pytest
 import torch

@@ -28,6 +28,7 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import copy
 import functools
 import json
 import math
@@ -54,7 +55,7 @@ QUEUE_LIMIT = 100_000     # records waiting for the writer; beyond, they are dro
 IDLE_EXIT_S = 10.0        # an idle writer thread ends; the next run starts another
 BEGIN_WAIT_S = 2.0        # a run that ends before its row is written waits this long for it
 SCHEMA_VERSION = 1
-URGENT = ("begin", "end", "flush", "discard")   # written at once, not within the second
+URGENT = ("end", "flush", "discard")   # written at once, not within the second
 SAME = 0   # a record's "diagnosis" stored as this: the same as the record before (~170 bytes)
 
 SCHEMA = """
@@ -139,6 +140,7 @@ class Writer:
         self._totals: Dict[str, dict] = {}   # run id -> the listing's running figures
         self.problem = ""       # why the store cannot be written now ('' when it can)
         self.dropped = 0        # records dropped: the queue was full, or the store broken
+        self.busy_s = 0.0       # the writer thread's CPU time in its writes (bench/store.py)
 
     # -- from any thread ---------------------------------------------------------------------
     def submit(self, item: tuple, urgent: bool = False) -> bool:
@@ -183,7 +185,9 @@ class Writer:
                 idle_since = now
                 urgent = any(item[0] in URGENT for item in pending)
                 if urgent or now - last_commit >= COMMIT_EVERY_S:
+                    cpu = time.thread_time()
                     outcome = self._write(pending)
+                    self.busy_s += time.thread_time() - cpu
                     if outcome == "locked" and (locked_since is None
                                                 or now - locked_since < LOCKED_GIVE_UP_S):
                         locked_since = locked_since or now
@@ -220,11 +224,16 @@ class Writer:
             return "broken"
         try:
             with self._conn:   # one transaction: committed here, rolled back on an error
-                touched = set()
+                touched, rows = set(), []
                 for item in items:
-                    getattr(self, "_" + item[0])(*item[1:])
                     if item[0] in ("begin", "record", "update", "end"):
                         touched.add(item[1])
+                    if item[0] == "record":   # in order, many at a time
+                        rows.append(self._record_row(*item[1:]))
+                        continue
+                    self._insert(rows)
+                    getattr(self, "_" + item[0])(*item[1:])
+                self._insert(rows)
                 for run_id in touched:
                     self._write_totals(run_id)
             for item in items:   # their rows are gone: their figures too
@@ -290,27 +299,37 @@ class Writer:
 
     # -- what each item does, inside the transaction -----------------------------------------
     def _begin(self, run_id: str, row: dict, history: list, done=None) -> None:
-        row = dict(row, machine=_json(machine()), schema=SCHEMA_VERSION)
+        row = dict(row, config=_json(row["config"].to_dict()), resolved=_json(row["resolved"]),
+                   machine=_json(machine()), schema=SCHEMA_VERSION)   # the JSON made here
         self._conn.execute(f"INSERT OR REPLACE INTO runs ({', '.join(row)}) "
                            f"VALUES ({', '.join('?' * len(row))})", list(row.values()))
         self._totals[run_id] = totals = {"records": 0, "samples": 0, "busy_s": 0.0,
                                          "last_loss": None, "steps": 0, "last_record": None}
         t = row["started"]
-        for seq, record in enumerate(history):   # a resumed run's records so far
-            self._record(run_id, -len(history) + seq, record, t)
-        totals["records"] = len(history)
+        rows = [self._record_row(run_id, -len(history) + seq, record, t)   # a resumed run's
+                for seq, record in enumerate(history)]                     # records so far
+        self._insert(rows)
 
-    def _record(self, run_id: str, seq: int, record: dict, t: float) -> None:
+    def _insert(self, rows: list) -> None:
+        """Insert the record rows `rows` (and empty the list)."""
+        if rows:
+            self._conn.executemany("INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?)", rows)
+            rows.clear()
+
+    def _record_row(self, run_id: str, seq: int, record: dict, t: float) -> tuple:
+        """The row of one record; the run's running figures counted."""
         totals = self._totals.get(run_id)
         said = record.get("diagnosis")
         if totals is not None and said is not None:   # a sentence a record, mostly the same
             if said == totals.get("diagnosis"):
                 record = dict(record, diagnosis=SAME)
             totals["diagnosis"] = said
-        self._conn.execute("INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?)",
-                           (run_id, seq, t, _json(record)))
-        if totals is None:
-            return
+        if totals is not None:
+            self._count(totals, record, t)
+        return run_id, seq, t, _json(record)
+
+    @staticmethod
+    def _count(totals: dict, record: dict, t: float) -> None:
         totals["records"] += 1
         totals["last_record"] = t
         if record.get("kind") == "train":
@@ -416,12 +435,13 @@ class StoredRun:
         host, pid, pid_started = _this_process()
         row = {"id": self.id, "name": self.name, "kind": self.kind, "started": time.time(),
                "state": "running", "pid": pid, "pid_started": pid_started, "host": host,
-               "config": _json(run.config.to_dict()), "resolved": _json(run.resolved),
+               "config": copy.copy(run.config), "resolved": dict(run.resolved),
                "total_steps": run.total_steps, "steps": run.step, "records": 0}
-        # urgent: the file is opened (or found broken) while the run prepares, so a
-        # broken store is known by the first record, warned about in this thread
+        # Written at the writer's next look (within POLL_S): a broken store is known by
+        # then, and the first record after it warns, in this thread; a run that ends
+        # sooner waits for it at its end (_end).
         self.writer.submit(("begin", self.id, row, [dict(r) for r in run.history],
-                            self._begun), urgent=True)
+                            self._begun))
         run.subscribe(self)
         return self
 
