@@ -393,3 +393,30 @@ def test_an_mlflow_run_read_back_with_mlflow_client(blobs, db, tmp_path, monkeyp
     history = client.get_metric_history(found.info.run_id, "loss")
     assert sorted(m.step for m in history) == [r["step"] for r in run.records()]
     assert {"samples_per_s", "lr", "step_time_s", "val_loss"} <= set(found.data.metrics)
+
+
+def test_a_reporter_that_fails_gives_one_warning_and_the_run_trains_on(blobs, db, monkeypatch):
+    pytest.importorskip("tensorboard", reason="pip install 'nbtrain[tensorboard]'")
+    from nbtrain import reporters
+
+    class Broken(reporters.TensorBoardSink):
+        def records(self, records):
+            raise OSError("disk gone")
+    monkeypatch.setitem(reporters.SINKS, "tensorboard", Broken)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = fit(blobs, db, epochs=2, report_to="tensorboard")
+    assert run.state == "finished"
+    (warning,) = [w for w in caught if "report_to" in str(w.message)]
+    assert "disk gone" in str(warning.message)
+
+
+# -- the other engines ---------------------------------------------------------------------------
+def test_a_run_of_two_processes_is_stored_from_the_notebooks_run(blobs, db):
+    x, y = blobs
+    run = nt.fit(mlp(), (x, y), F.cross_entropy, progress=False,
+                 config=quick(processes=2, max_steps=20, store=str(db), name="ranks"))
+    assert run.state == "finished"
+    (row,) = nt.runs(store=db)
+    assert (row["name"], row["steps"], row["state"]) == ("ranks", 20, "finished")
+    same_run(nt.load_run(run.id, store=db), run)
