@@ -403,6 +403,7 @@ def test_a_reporter_that_fails_gives_one_warning_and_the_run_trains_on(blobs, db
         def records(self, records):
             raise OSError("disk gone")
     monkeypatch.setitem(reporters.SINKS, "tensorboard", Broken)
+    monkeypatch.chdir(db.parent)   # report_dir="runs": here, not in the repository
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run = fit(blobs, db, epochs=2, report_to="tensorboard")

@@ -194,6 +194,7 @@ class Writer:
                         time.sleep(COMMIT_EVERY_S)   # another writer holds it: try again soon
                         continue
                     if outcome == "locked":
+                        self.dropped += sum(item[0] == "record" for item in pending)
                         self._broken(f"it stayed locked by another process for more than "
                                      f"{LOCKED_GIVE_UP_S:.0f} s", "close the other program "
                                      "that writes it, or choose another file")
