@@ -1,6 +1,14 @@
 import contextlib
+import os
 import sys
+import tempfile
 from collections.abc import Mapping
+
+# Every run is stored (nbtrain.store): the suite's go to a folder of its own, never to
+# ~/.nbtrain. Subprocesses, ranks and the notebooks' kernels inherit it: pytest loads this
+# file before it collects anything, testpaths' notebooks/ included (a conftest.py there
+# would shadow this one for `from conftest import ...`).
+os.environ["NBTRAIN_HOME"] = tempfile.mkdtemp(prefix="nbtrain-home-")
 
 import pytest
 import torch

@@ -205,6 +205,11 @@ OPTIONS = [
     ("--release-previous", dict(release_previous=True)),
     ("--checkpoint-dir ckpts --checkpoint-every 5",
      dict(checkpoint_dir="ckpts", checkpoint_every=5)),
+    ("--name baseline", dict(name="baseline")),
+    ("--store false", dict(store=False)),
+    ("--store elsewhere.sqlite", dict(store="elsewhere.sqlite")),
+    ("--report-to tensorboard,mlflow --report-dir tb",
+     dict(report_to=("tensorboard", "mlflow"), report_dir="tb")),
 ]
 
 

@@ -16,6 +16,7 @@ from .profiling import profile
 from .progress import attach_progress, setup_line
 from .run import Run, TrainingError
 from .schedule import schedule_preview
+from .store import delete_runs, load_run, runs
 from .version import __version__
 
 # fit(progress=True)'s bar: a view, handed down to the entry, which imports no view
@@ -24,6 +25,7 @@ del attach_progress, setup_line, show_progress_with
 
 __all__ = ["TrainConfig", "ConfigError", "fit", "watch", "Run", "TrainingError", "schedule_preview",
            "max_batch_size", "compare", "lr_find", "autotune", "profile",
+           "runs", "load_run", "delete_runs",
            "datasets", "data", "load_ipython_extension", "unload_ipython_extension",
            "Panel", "Dashboard"]
 

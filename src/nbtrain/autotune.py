@@ -34,7 +34,7 @@ from .data.batches import as_tensors
 from .devices import available_cores, cpu_bf16_feature, gpu_has_bf16, resolve_device
 from .display import display_with_figure
 from .files import atomic_write, cache_dir
-from .entry import fit, without_validation
+from .entry import fit, trials, without_validation
 from .models import fresh_model
 from .tables import html_table, text_table
 
@@ -236,8 +236,9 @@ class Trials:
                 **(settings or {}), max_steps=10**9, log_every=self.log_every,
                 checkpoint_dir=None, checkpoint_every=None)
             clock = TrialClock(seconds)
-            run = fit(fresh_model(self.make_model), self.data, self.loss_fn, config=cfg,
-                      progress=False, on_start=clock.attach)
+            with trials("autotune"):
+                run = fit(fresh_model(self.make_model), self.data, self.loss_fn, config=cfg,
+                          progress=False, on_start=clock.attach)
             if run.state == "interrupted":   # Ctrl-C / the stop button: stop tuning, not a trial
                 raise KeyboardInterrupt
             result = dict(clock.result(run), settings=self._effective(run, cfg), error=None)

@@ -18,7 +18,7 @@ import torch
 from .config import ConfigError, TrainConfig, as_config
 from .devices import resolve_device
 from .display import display_with_figure
-from .entry import fit, without_validation
+from .entry import fit, trials, without_validation
 from .models import fresh_model, initial_weights
 from .run import Run, TrainingError
 from .tables import cell, html_table, text_table
@@ -128,7 +128,9 @@ def _cuda_allocated_mb(cfg: TrainConfig) -> float:
 
 def _fit_named(name, model, train_data, loss_fn, cfg, val_data, progress) -> Run:
     try:
-        return fit(model, train_data, loss_fn, config=cfg, val_data=val_data, progress=progress)
+        with trials(name):   # stored as a trial, named after its config unless named
+            return fit(model, train_data, loss_fn, config=cfg, val_data=val_data,
+                       progress=progress)
     except TrainingError as exc:
         raise TrainingError(f"compare: config {name!r} (seed {cfg.seed}) failed: {exc}",
                             exc.run) from exc

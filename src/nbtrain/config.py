@@ -17,8 +17,9 @@ import difflib
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
-from .kinds import (AUTO_FLAG, CUSTOM, AnyOf, AutoOr, Choice, Device, Factory, Flag, Kind,
-                    Number, OrNone, Pair, Path, Whole, custom_name, takes_factories)
+from .kinds import (AUTO_FLAG, CUSTOM, FALSE_WORDS, TRUE_WORDS, AnyOf, AutoOr, Choice, Device,
+                    Factory, Flag, Kind, Number, OrNone, Pair, Path, Several, Text, Whole,
+                    custom_name, takes_factories)
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "radam", "nadam", "rmsprop", "adagrad")
 ADAM_FAMILY = ("adam", "adamw", "radam", "nadam")
@@ -28,6 +29,7 @@ AMP_MODES = ("off", "fp16", "bf16", "auto")
 OPTIMIZER_IMPLS = ("auto", "fused", "foreach", "for-loop")
 ON_NAN = ("stop", "skip")
 MP_CONTEXTS = (None, "fork", "spawn", "forkserver")
+REPORTERS = ("tensorboard", "mlflow")   # report_to: Hugging Face's name for the same setting
 
 # The groups, in the order the magic's help and the panel's tabs show them:
 # key -> (heading in `%%fasttrain?`, the panel's tab; short, as seven tabs share a row).
@@ -255,6 +257,25 @@ class TrainConfig:
     checkpoint_every: Optional[int] = setting(
         None, OrNone(Whole(1)), "bookkeeping", "steps between checkpoints (None: at the end)",
         speed=False, label="checkpoint every", placeholder="empty: at the end only")
+    # --- keeping the run: the local store (store.py), TensorBoard, MLflow (reporters.py)
+    name: Optional[str] = setting(None, OrNone(Text()), "bookkeeping",
+                                  "the run's name in nt.runs(), TensorBoard and MLflow",
+                                  speed=False, label="run name", placeholder="empty: unnamed")
+    store: Union[bool, str] = setting(
+        True, AnyOf(Flag(), Path(), allowed="True (the run store, $NBTRAIN_HOME/runs.sqlite, "
+                                            "~/.nbtrain by default), False (not stored) or "
+                                            "the path of a .sqlite file"),
+        "bookkeeping", "keep the run in the local run store (nt.runs(), nt.load_run(id)): "
+        "True, False or a .sqlite file", speed=False, label="store the run")
+    report_to: Union[str, Tuple[str, ...]] = setting(
+        "none", Several(*REPORTERS), "bookkeeping",
+        "also send the records to TensorBoard and/or MLflow (pip install "
+        "nbtrain[tensorboard] / nbtrain[mlflow])", speed=False, label="report to",
+        options=("none",) + REPORTERS + (("both", REPORTERS),))
+    report_dir: str = setting("runs", Path(), "bookkeeping",
+                              "report_to='tensorboard': a log dir per run inside this folder",
+                              speed=False, label="report folder",
+                              when=("report_to", ("tensorboard", REPORTERS)))
 
     def __new__(cls, *args, **kwargs):
         _reject_unknown(kwargs)   # TrainConfig(epoch=3) suggests epochs, as replace() does
@@ -434,6 +455,20 @@ def _check_processes(cfg: TrainConfig) -> None:
               f"False when processes={cfg.processes} (not supported with several processes yet)")
 
 
+def _check_keeping(cfg: TrainConfig) -> None:
+    if cfg.name is not None and not cfg.name.strip():
+        _fail("name", cfg.name, "a name with a letter in it, or None (unnamed)")
+    if isinstance(cfg.store, bool):
+        pass
+    elif not str(cfg.store).strip():
+        _fail("store", cfg.store, "True, False or the path of a .sqlite file (not empty)")
+    elif str(cfg.store).strip().lower() in TRUE_WORDS + FALSE_WORDS:
+        _fail("store", cfg.store, f"True or False (the bool, not the text {cfg.store!r}), "
+              "or the path of a .sqlite file")
+    if not str(cfg.report_dir).strip():
+        _fail("report_dir", cfg.report_dir, "a folder path (not empty), such as 'runs'")
+
+
 _RULES = (_check_custom_optimizer, _check_cluster, _check_processes, _check_lr_floor, _check_nesterov,
           _check_worker_options, _check_checkpointing,
-          _check_checkpoint_folder)
+          _check_checkpoint_folder, _check_keeping)

@@ -12,6 +12,7 @@ watch wraps a loop the user wrote: the own-loop engine (the watcher package) fee
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import signal
 import threading
@@ -21,7 +22,7 @@ from typing import Callable, Optional
 import torch
 
 from . import checkpoint as ckpt
-from . import loop
+from . import loop, reporters, store
 from .config import ConfigError, TrainConfig, as_config
 from .devices import seed_all
 from .prepare import prepare
@@ -57,6 +58,7 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
     state = ckpt.state_to_resume(resume)
     cfg = _config_from(config, state, resume)
     _refuse_plateau_without_validation(cfg, val_data)
+    reporters.check(cfg)   # report_to's library missing: said before anything runs
     refuse_busy(model)   # before anything touches the model
     if cfg.release_previous:
         release_previous_run()
@@ -67,6 +69,7 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
             begin = _engine(run, model, train_data, loss_fn, val_data, state, schedule)
     except KeyboardInterrupt:   # Ctrl-C while measuring: a run that never started
         return _interrupted_before_step_1(run, model)
+    keep(run, _kind.get())
     attach_hooks(run, schedule, on_start, progress)
     _claim(model, run)
     train = begin()
@@ -104,7 +107,10 @@ class watch:
 
     def __init__(self, config: Optional[TrainConfig] = None, *, optimize: bool = True,
                  progress="auto", **settings):
-        self.run = Run(own_loop_config(config, settings))
+        config, settings, keeping = _keeping_apart(config, settings)
+        cfg = own_loop_config(config, settings)
+        self.run = Run(cfg.replace(**keeping) if keeping else cfg)
+        reporters.check(self.run.config)
         self._watcher = Watcher(self.run, optimize, record_floor_s(self.run.config, settings))
         self._progress = progress
         self._ctrl_c = None
@@ -119,6 +125,7 @@ class watch:
             self._watcher.remove()
             raise
         _remember(self.run)
+        keep(self.run, ("watch", None))
         self.run.start()
         return self.run
 
@@ -133,6 +140,47 @@ class watch:
         finally:
             self._ctrl_c.__exit__(None, None, None)   # the handler before the watch, again
         return swallowed
+
+
+# -- keeping the run: the run store and the reporters (store.py, reporters.py) ---------------------
+KEEPING_FIELDS = ("name", "store", "report_to", "report_dir")   # any run's, a watch's too
+# (kind, the name of an unnamed run) of the fits in this context: see `trials`
+_kind: contextvars.ContextVar = contextvars.ContextVar("nbtrain_run_kind", default=("fit", None))
+
+
+def keep(run: Run, kind: tuple) -> None:
+    """Store `run` as it goes (unless store=False) and start its reporters (report_to);
+    `kind`: ("fit", "watch" or "trial", the stored name when the config has none)."""
+    store.keep(run, *kind)
+    reporters.attach(run)
+
+
+@contextlib.contextmanager
+def trials(name: Optional[str] = None):
+    """The fits inside are a tool's trials (nt.compare's, nt.autotune's, nt.lr_find's,
+    nt.profile's): stored with kind="trial" (nt.runs(kind="fit") lists the user's own),
+    named `name` when their config names them not."""
+    token = _kind.set(("trial", name))
+    try:
+        yield
+    finally:
+        _kind.reset(token)
+
+
+def _keeping_apart(config, settings: dict):
+    """(config, settings) without the fields that keep the run, and those fields: any run
+    may be named, stored and reported, a watch's too (watcher.own_loop_config refuses
+    the fields it does not list)."""
+    keeping = {name: settings.pop(name) for name in KEEPING_FIELDS if name in settings}
+    if config is not None:
+        config = as_config(config)
+        defaults = TrainConfig.__dataclass_fields__
+        own = {name: getattr(config, name) for name in KEEPING_FIELDS
+               if getattr(config, name) != defaults[name].default}
+        if own:
+            config = config.replace(**{name: defaults[name].default for name in own})
+            keeping = {**own, **keeping}
+    return config, settings, keeping
 
 
 def _refuse_inside_a_watch() -> None:

@@ -237,6 +237,47 @@ class Path(Kind):
         return isinstance(value, (str, os.PathLike))
 
 
+class Text(Kind):
+    """Any text, such as a run's name."""
+    allowed = "a text (str)"
+    metavar = "TEXT"
+
+    def accepts(self, value) -> bool:
+        return isinstance(value, str)
+
+
+class Several(Kind):
+    """`none` (the word for nothing), one of `options`, or a tuple of several of them;
+    written "a,b" in text."""
+
+    def __init__(self, *options: str, none: str = "none"):
+        self.options, self.none = options, none
+        names = ", ".join(repr(o) for o in options)
+        self.allowed = f"{none!r}, one of {names}, or a tuple of several of them"
+        self.metavar = "{" + ",".join((none,) + options) + "}[,...]"
+
+    def accepts(self, value) -> bool:
+        if value == self.none or value in self.options:
+            return isinstance(value, str)
+        return isinstance(value, tuple) and len(value) > 0 and len(set(value)) == len(value) \
+            and all(isinstance(v, str) and v in self.options for v in value)
+
+    def normalise(self, value):
+        if isinstance(value, list):
+            value = tuple(value)
+        return value[0] if isinstance(value, tuple) and len(value) == 1 else value
+
+    def describe(self, value) -> str:
+        wrong = [v for v in (value if isinstance(value, (tuple, list)) else (value,))
+                 if v not in self.options and v != self.none]
+        close = difflib.get_close_matches(str(wrong[0]), self.options, n=1) if wrong else []
+        return self.allowed + (f" (did you mean {close[0]!r}?)" if close else "")
+
+    def parse(self, text: str):
+        parts = tuple(part.strip() for part in text.split(",") if part.strip())
+        return parts[0] if len(parts) == 1 else parts
+
+
 class Factory(Kind):
     """The user's own code for a part nbtrain builds: a class or a function that makes it.
 

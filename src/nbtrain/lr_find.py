@@ -16,7 +16,7 @@ from typing import Callable, List, Optional, Tuple
 
 from .config import as_config
 from .display import display_with_figure
-from .entry import fit
+from .entry import fit, trials
 from .models import fresh_model
 from .run import Run
 from .schedule import Schedule
@@ -47,8 +47,9 @@ def lr_find(make_model, train_data, loss_fn: Optional[Callable] = None, *, confi
     sweep = Sweep(start_lr, (end_lr / start_lr) ** (1 / (num_steps - 1)), diverge)
     # log_every=1: a record (the loss) per step for the curve; `on_start=sweep.attach`
     # subscribes before the first step.
-    run = fit(fresh_model(make_model), train_data, loss_fn, config=cfg, progress=False,
-              schedule=sweep.schedule, on_start=sweep.attach)
+    with trials("lr_find"):
+        run = fit(fresh_model(make_model), train_data, loss_fn, config=cfg, progress=False,
+                  schedule=sweep.schedule, on_start=sweep.attach)
     return LRFind(sweep.lrs, sweep.losses, sweep.diverged, run, base, (start_lr, end_lr))
 
 

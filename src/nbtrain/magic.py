@@ -28,6 +28,8 @@ from .config import (FACTORY_FIELDS, FIELD_NAMES, GROUPS, SETTINGS, ConfigError,
 from .kinds import AUTO_FLAG, Flag, text_of
 from .watcher import OWN_LOOP_FIELDS
 
+# what a watched cell takes: the settings a watch applies, and how its Run is kept
+WATCH_FIELDS = (*OWN_LOOP_FIELDS, "name", "store", "report_to", "report_dir")
 _DEFAULTS = TrainConfig()   # the help quotes these, so it cannot drift from the config
 _MISSING = object()
 
@@ -202,11 +204,11 @@ class FastTrainMagics(Magics):
         """nt.watch with the options (and --config's fields) that apply to a loop of one's own."""
         import nbtrain
         given = {name: value for name, value in vars(args).items()
-                 if name in OWN_LOOP_FIELDS and value is not None}
+                 if name in WATCH_FIELDS and value is not None}
         config = ns.get(args.config) if args.config else None
         if isinstance(config, TrainConfig):
             defaults = TrainConfig()
-            given = {**{name: getattr(config, name) for name in OWN_LOOP_FIELDS
+            given = {**{name: getattr(config, name) for name in WATCH_FIELDS
                         if getattr(config, name) != getattr(defaults, name)}, **given}
         progress = _when_it_trains(args.dashboard)
         while True:   # a value a watch refuses (on_nan='skip') is fit's alone: left to fit
@@ -234,7 +236,7 @@ class FastTrainMagics(Magics):
     def _say_what_the_loop_decided(args, refused: list) -> None:
         """The options a loop of one's own decides itself: given, but not applied."""
         loops = [SETTINGS[name].flag for name, value in vars(args).items()
-                 if name in FIELD_NAMES and name not in OWN_LOOP_FIELDS and value is not None]
+                 if name in FIELD_NAMES and name not in WATCH_FIELDS and value is not None]
         loops += refused
         loops += [flag for flag, value in (("--resume", args.resume), ("--compare", args.compare),
                                            ("--background", args.background)) if value]

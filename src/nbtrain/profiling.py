@@ -20,7 +20,7 @@ import torch
 
 from .config import as_config
 from .display import display_with_figure
-from .entry import fit, without_validation
+from .entry import fit, trials, without_validation
 from .models import fresh_model
 from .tables import formatted, html_table, text_table
 
@@ -154,8 +154,9 @@ def profile(make_model, train_data, loss_fn: Optional[Callable] = None, *, confi
     snapshot = os.path.join(folder, "memory_snapshot.pickle") if cuda else None
     with _memory_history(snapshot), torch_profile(
             activities=activities, schedule=schedule(wait=warmup, warmup=1, active=steps)) as prof:
-        run = fit(fresh_model(make_model), train_data, loss_fn, config=cfg, progress=False,
-                  schedule=lambda s: _StepMarks(s, prof))
+        with trials("profile"):
+            run = fit(fresh_model(make_model), train_data, loss_fn, config=cfg, progress=False,
+                      schedule=lambda s: _StepMarks(s, prof))
     trace = os.path.join(folder, "trace.json")
     prof.export_chrome_trace(trace)
     return Profile(run, operators(prof, on_device=cuda), trace, steps, snapshot, top)

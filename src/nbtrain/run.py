@@ -11,6 +11,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from .config import TrainConfig
 
 STATES = ("created", "running", "finished", "stopped", "interrupted", "failed")
+# and "crashed": a stored run whose process died while it trained (nt.load_run, nt.runs)
 
 
 class TrainingError(RuntimeError):
@@ -53,6 +54,9 @@ class Run:
         self._subscribers: List[Callable[[dict], None]] = []
         self._thread: Optional[threading.Thread] = None   # the thread that trains it
         self._done = threading.Event()
+        self.id: Optional[str] = None       # its name in the run store and the reporters
+        self.kind = "fit"                   # "fit", "watch" or "trial" (compare, autotune)
+        self._stored = None                 # its row in the run store (store.StoredRun)
 
     # -- control, from any thread ---------------------------------------------------------
     def stop(self) -> None:
@@ -213,6 +217,25 @@ class Run:
         """The RNG state when training ended (None before): a checkpoint taken later, after
         the user's cells drew numbers, resumes from this one."""
         return self._rng_at_end
+
+    # -- the run store (nbtrain.store: nt.runs(), nt.load_run(id)) ------------------------
+    @property
+    def name(self) -> Optional[str]:
+        """TrainConfig.name: how nt.runs(), TensorBoard and MLflow call the run."""
+        return self.config.name
+
+    def keep_as(self, run_id: str, kind: str, stored=None) -> None:
+        """The run's id and kind (set by fit and watch), and its row in the run store."""
+        self.id, self.kind, self._stored = run_id, kind, stored
+
+    def discard(self) -> bool:
+        """Remove the run from the run store (nt.runs() no longer lists it; the Run itself
+        is unchanged); False when it was not stored."""
+        stored, self._stored = self._stored, None
+        if stored is None:
+            return False
+        stored.discard()
+        return True
 
     # -- results ------------------------------------------------------------------------
     def summary(self) -> dict:
