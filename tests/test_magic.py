@@ -214,7 +214,8 @@ OPTIONS = [
 
 
 @pytest.mark.parametrize("options, changes", OPTIONS, ids=[o for o, _ in OPTIONS])
-def test_option_reaches_config(ip, calls, options, changes):
+def test_option_reaches_config(ip, calls, options, changes, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)   # --store and --report-dir name files in the working folder
     ip.run_cell(f"%%fasttrain {options}\n{CELL}")
     assert len(calls) == 1
     assert calls[0]["config"] == TrainConfig(**changes)
