@@ -1,7 +1,7 @@
 """What a watch costs a short loop, on a machine's first run: a 0.2 s loop as written,
 under nt.watch(optimize=False) and under nt.watch(), whole.
 
-    python bench/short_loop.py [--rounds 9] [--steps 150]
+    python bench/short_loop.py [--rounds 15] [--steps 20]
 
 Each measurement is a fresh process with an empty $NBTRAIN_HOME (nothing cached: no bf16
 gain, no FLOP count, no peak), which times the loop alone (imports and the data made
@@ -77,8 +77,8 @@ def one_run(way: str, steps: int) -> float:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args(argv)
     from nbtrain.flops import machine_line
     times = interleaved(list(WAYS), args.rounds, lambda way: one_run(way, args.steps))
