@@ -55,7 +55,7 @@ QUEUE_LIMIT = 100_000     # records waiting for the writer; beyond, they are dro
 IDLE_EXIT_S = 10.0        # an idle writer thread ends; the next run starts another
 BEGIN_WAIT_S = 2.0        # a run that ends before its row is written waits this long for it
 SCHEMA_VERSION = 1
-URGENT = ("end", "flush", "discard")   # written at once, not within the second
+URGENT = ("begin", "end", "flush", "discard")   # written at once, not within the second
 SAME = 0   # a record's "diagnosis" stored as this: the same as the record before (~170 bytes)
 
 SCHEMA = """
