@@ -262,7 +262,8 @@ def test_a_hugging_face_style_loop_with_dict_batches():
     opt = torch.optim.AdamW(model.parameters(), 1e-3)
     batches = [{"input_ids": torch.randint(0, 50, (8, 5)), "labels": torch.randint(0, 2, (8,))}
                for _ in range(6)]
-    with nt.watch(log_every=3, progress=False) as run:   # FLOPs counted on keyword inputs
+    # amp="off": where the CPU has bf16 its trial comes first, and the count after it
+    with nt.watch(log_every=3, amp="off", progress=False) as run:   # FLOPs of keyword inputs
         for batch in batches * 40:   # a list, not a DataLoader; long enough to count
             model(**batch).loss.backward()
             opt.step()
@@ -512,12 +513,12 @@ def test_a_setting_the_loop_decides_is_a_config_error_naming_it():
 
 
 class SlowRows(torch.utils.data.Dataset):
-    """A per-sample dataset that waits on each read, as one over files does; it notes
-    which process read each sample."""
+    """A per-sample dataset that waits on each read, as one over files does (`in_worker`
+    times as long in a worker process); it notes which process read each sample."""
 
-    def __init__(self, n=256, sleep_s=0.002):
+    def __init__(self, n=256, sleep_s=0.002, in_worker=1.0):
         self.x, self.y = data(n)
-        self.sleep_s = sleep_s
+        self.sleep_s, self.in_worker = sleep_s, in_worker
 
     def __len__(self):
         return len(self.x)
@@ -525,42 +526,75 @@ class SlowRows(torch.utils.data.Dataset):
     def __getitem__(self, i):
         import os
         import time
-        time.sleep(self.sleep_s)
         info = torch.utils.data.get_worker_info()
+        time.sleep(self.sleep_s * (self.in_worker if info else 1.0))
         return self.x[i], self.y[i], torch.tensor(os.getpid() if info else 0)
 
 
-def test_a_loop_that_waits_for_its_per_sample_data_gets_workers_from_its_second_epoch(monkeypatch):
-    import psutil
-    monkeypatch.setattr("nbtrain.watcher.loader.available_cores", lambda: 2)
+def loaded_by_in_a_watch(dataset, epochs=3):
+    """Train 3 epochs on `dataset` under a watch: (the run, the loader, the set of pids
+    that loaded each batch); the batches checked equal, in order, to the loader's own."""
     model = net(dropout=0.0)
     opt = torch.optim.SGD(model.parameters(), 0.1)
-    unwatched = DataLoader(SlowRows(), batch_size=32, shuffle=True,
+    unwatched = DataLoader(dataset, batch_size=32, shuffle=True,
                            generator=torch.Generator().manual_seed(4))
-    plain = [b for _ in range(3) for b in unwatched]
+    plain = [b for _ in range(epochs) for b in unwatched]
     seen = []
     with nt.watch(**QUIET) as run:
-        loader = DataLoader(SlowRows(), batch_size=32, shuffle=True,
+        loader = DataLoader(dataset, batch_size=32, shuffle=True,
                             generator=torch.Generator().manual_seed(4))
-        for epoch in range(3):
+        for epoch in range(epochs):
             for xb, yb, pids in loader:
                 seen.append((xb, yb, pids))
                 F.cross_entropy(model(xb), yb).backward()
                 opt.step()
                 opt.zero_grad()
-    assert len(seen) == len(plain) == 24
+    assert len(seen) == len(plain) == 8 * epochs
     for (a, b, _), (c, d, _) in zip(plain, seen):   # the same batches, in the same order
         assert torch.equal(a, c) and torch.equal(b, d)
-    loaded_by = [set(p.tolist()) for _, _, p in seen]
+    assert loader.num_workers == 0 and loader._iterator is None   # your loader as it was
+    return run, loader, [set(p.tolist()) for _, _, p in seen]
+
+
+def assert_no_worker_left(loaded_by):
+    import psutil
+    worker_pids = set().union(*loaded_by) - {0}
+    alive = [p for p in worker_pids if psutil.pid_exists(p)
+             and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, alive
+    assert_left_as_found()
+
+
+def test_workers_tried_for_an_epoch_and_kept_where_its_batches_came_faster(monkeypatch):
+    monkeypatch.setattr("nbtrain.watcher.loader.available_cores", lambda: 3)   # 2 workers
+    monkeypatch.setattr("nbtrain.watcher.loader.BUDGET", 1.0)   # a trial at once
+    run, loader, loaded_by = loaded_by_in_a_watch(SlowRows())
     assert all(s == {0} for s in loaded_by[:8])               # epoch 1: in this process
     assert all(0 not in s for s in loaded_by[8:])            # then: worker processes
     workers, why = run.resolved["num_workers"]
-    assert workers == 1 and "the loop waited for data" in why, why
-    assert loader.num_workers == 0 and loader._iterator is None   # your loader as it was
-    worker_pids = set().union(*loaded_by[8:])
-    alive = [p for p in worker_pids if psutil.pid_exists(p)
-             and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-    assert not alive, alive                                    # no worker left behind
+    assert workers == 2 and "tried in epoch 2" in why and "kept" in why, why
+    assert_no_worker_left(loaded_by)
+
+
+def test_workers_that_lost_their_trial_epoch_are_stopped(monkeypatch):
+    monkeypatch.setattr("nbtrain.watcher.loader.available_cores", lambda: 2)   # 1 worker
+    monkeypatch.setattr("nbtrain.watcher.loader.BUDGET", 1.0)
+    run, loader, loaded_by = loaded_by_in_a_watch(SlowRows(in_worker=3.0))
+    assert all(0 not in s for s in loaded_by[8:16])          # epoch 2: the trial
+    assert all(s == {0} for s in loaded_by[16:])              # epoch 3: this process again
+    workers, why = run.resolved["num_workers"]
+    assert workers == 0 and "tried in epoch 2" in why and "again from epoch 3" in why, why
+    assert_no_worker_left(loaded_by)
+
+
+def test_workers_wait_until_a_lost_trial_would_cost_at_most_the_budget(monkeypatch):
+    """A loop of 3 short epochs: a trial that lost would cost it ~its data wait, far more
+    than 5% of the time run so far: no workers, and the reason."""
+    monkeypatch.setattr("nbtrain.watcher.loader.available_cores", lambda: 3)
+    run, loader, loaded_by = loaded_by_in_a_watch(SlowRows())
+    assert all(s == {0} for s in loaded_by)
+    workers, why = run.resolved["num_workers"]
+    assert workers == 0 and "at most 5% of the time run so far" in why, why
     assert_left_as_found()
 
 

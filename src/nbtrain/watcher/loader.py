@@ -17,9 +17,11 @@ from ..data import shippable
 from ..data.batches import batch_chunks, pinned_rows, stop_workers
 from ..data.nested import batch_len
 from ..devices import available_cores
+from .measure import BUDGET
 
 KEPT = "your loop's own"
 WAITS_FOR_DATA = 0.25   # a quarter of an epoch waiting for data: worker processes may pay
+WORKERS_KEPT = 1.10     # a trial epoch with workers is kept only this much faster per batch
 
 
 class StopWatching(BaseException):
@@ -37,7 +39,10 @@ class LoaderPart:
         self._last_loader = None        # weakref to the loader iterated last (_adopt_loader)
         self._collates_tensors = False  # the loop's DataLoader collates tensors sample by sample
         self._epoch_wait = None         # the share of the last whole epoch spent waiting for data
-        self._chosen_workers = None
+        self._epoch_s = 0.0             # how long that epoch took
+        self._per_batch_s = None        # its time per batch, its first batch left out
+        self._chosen_workers = None     # None: not decided yet; 0: none (or tried, and lost)
+        self._worker_trial = None       # (workers, the epoch before's per batch) while tried
         self._waited_s = 0.0            # the whole watch's data wait (measure.py's trial)
         self._other_samples = 0         # the last batch of another loader, until the first backward
         self._shadows = weakref.WeakKeyDictionary()           # your loader -> one with workers
@@ -60,7 +65,7 @@ class LoaderPart:
             batches = self._copied_ahead(batches)
         clock = time.perf_counter   # locals: they run every batch
         stop_asked = self._stop_asked
-        epoch_start, waited = clock(), 0.0
+        epoch_start, waited, fetched, first_s = clock(), 0.0, 0, 0.0
         while True:
             if self._at_boundary and stop_asked():   # Watcher._stop_if_asked, inlined
                 raise StopWatching()
@@ -69,15 +74,18 @@ class LoaderPart:
                 batch = next(batches)
             except StopIteration:
                 if training:   # a whole epoch: what it waited
-                    self._epoch_wait = waited / max(clock() - epoch_start, 1e-9)
+                    self._epoch_done(waited, clock() - epoch_start, fetched, first_s)
                 return
             finally:
                 wait = clock() - start
+                if not fetched:   # a worker's start: left out of the per-batch figure
+                    first_s = clock() - epoch_start
                 waited += wait
                 self._waited_s += wait
                 interval = self.interval
                 if interval is not None:
                     interval.data_wait_s += wait
+            fetched += 1
             if training:   # the samples of a step are its training batches' (a GAN's once)
                 self._samples += _batch_samples(batch)
                 self._batches += 1
@@ -127,16 +135,56 @@ class LoaderPart:
             self._chosen_workers = self._choose_workers(self._epoch_wait)
         return self._chosen_workers or 0
 
-    def _choose_workers(self, share: float) -> int:
+    def _choose_workers(self, share: float):
+        """Workers to try for the epoch starting now, 0 (never) or None (not yet): a trial
+        epoch that loses costs about the data wait it was to hide, so it starts once that
+        is at most the watch's budget (5%) of the time run so far."""
         cores = available_cores()
         if share < WAITS_FOR_DATA or cores < 2:
             return 0
-        workers = min(8, cores - 1)   # fit's rule: training keeps a core
+        workers, epoch = min(8, cores - 1), self.run.epoch   # fit's rule: training keeps a core
+        risk_s = share * self._epoch_s
+        waited = f"the loop waited for data {share:.0%} of epoch {epoch}"
+        if self._measured_s + risk_s > BUDGET * (time.perf_counter() - self._started):
+            self.run.resolved["num_workers"] = (0, (
+                f"{waited}: {workers} worker(s) are tried for an epoch once what a trial that "
+                f"loses could cost (that wait, {risk_s:.2f} s) is at most {BUDGET:.0%} of "
+                "the time run so far"))
+            return None
+        self._measured_s += risk_s   # the budget counts the trial at its worst
+        self._worker_trial = (workers, self._per_batch_s)
         self.run.resolved["num_workers"] = (workers, (
-            f"the loop waited for data {share:.0%} of epoch {self.run.epoch}: from epoch "
-            f"{self.run.epoch + 1} your loader's batches are loaded by {workers} worker(s) "
-            "(its sampler, generator and collate kept; for the watch only)"))
+            f"{waited}: epoch {epoch + 1} is loaded by {workers} worker(s) (your loader's "
+            f"sampler, generator and collate; for the watch only), kept if its batches come "
+            f"{WORKERS_KEPT:.2f}x as fast"))
         return workers
+
+    def _epoch_done(self, waited: float, elapsed: float, batches: int, first_s: float) -> None:
+        """A whole epoch of the training loader: its data wait and time per batch; the
+        verdict on the workers it was loaded by, when they were on trial."""
+        self._epoch_wait = waited / max(elapsed, 1e-9)
+        self._epoch_s = elapsed
+        per_batch = (elapsed - first_s) / max(batches - 1, 1)
+        if self._worker_trial is not None and self._per_batch_s is not None:
+            self._judge_workers(per_batch)
+        self._per_batch_s = per_batch
+
+    def _judge_workers(self, per_batch: float) -> None:
+        (workers, before), epoch = self._worker_trial, self.run.epoch + 1
+        self._worker_trial = None
+        gain = before / max(per_batch, 1e-12)
+        if gain >= WORKERS_KEPT:
+            self.run.resolved["num_workers"] = (workers, (
+                f"{workers} worker(s) tried in epoch {epoch}: {gain:.2f}x the batches per "
+                f"second of epoch {epoch - 1}, kept (your loader's sampler, generator and "
+                "collate; for the watch only)"))
+            return
+        self._chosen_workers = 0
+        self._stop_shadow_workers()
+        self.run.resolved["num_workers"] = (0, (
+            f"{workers} worker(s) tried in epoch {epoch}: {gain:.2f}x the batches per second "
+            f"of epoch {epoch - 1}, not {WORKERS_KEPT:.2f}x: your loader as it is again "
+            f"from epoch {epoch + 1}"))
 
     def _stop_shadow_workers(self) -> None:
         for loader, iterator in list(self._shadow_iterators.items()):
