@@ -3,6 +3,7 @@ optimizers, a loop catching KeyboardInterrupt, checkpoints saved inside the watc
 rule that measuring waits until it costs at most 5% of the loop."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import pickle
@@ -286,3 +287,40 @@ def test_the_bf16_trial_runs_on_the_loops_own_steps_and_decides(monkeypatch, tmp
     assert "measured on your loop's own steps" in why, why
     assert torch.bfloat16 in dtypes and dtypes[0] == torch.float32   # fp32 until the trial
     assert (amp == "bf16") == (dtypes[-1] == torch.bfloat16)
+
+
+# -- a torch.compile'd model -------------------------------------------------------------------
+def compiled_program(compile_inside: bool, watched: bool):
+    """The torch.compile tutorial's shape: compile, then steps on batches made in the loop.
+    Returns (the model's weights, torch.compile's frames, the warnings the program saw)."""
+    import warnings
+
+    import torch._dynamo.utils as dynamo_utils
+    torch._dynamo.reset()   # each from nothing compiled: the frames count is its own
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+    opt = torch.optim.Adam(model.parameters())
+    compiled = None if compile_inside else torch.compile(model)
+    dynamo_utils.counters.clear()
+    with warnings.catch_warnings(record=True) as seen, \
+            (nt.watch(optimize=False, **QUIET) if watched else contextlib.nullcontext()):
+        warnings.simplefilter("always")
+        compiled = compiled or torch.compile(model)
+        for _ in range(6):
+            opt.zero_grad()
+            F.cross_entropy(compiled(torch.randn(8, 16)), torch.randint(0, 4, (8,))).backward()
+            opt.step()
+    frames = dict(dynamo_utils.counters["frames"])
+    return model, frames, [str(w.message) for w in seen]
+
+
+@pytest.mark.parametrize("compile_inside", [False, True], ids=["compiled before", "inside"])
+def test_a_compiled_model_is_compiled_as_unwatched_and_warned_of_nothing(compile_inside):
+    """The watch's global hooks would make torch.compile trace every submodule's slow path,
+    compile again where they come and go, and warn the loop of hooks it never set."""
+    before = (torch.compile, torch._dynamo.eval_frame.OptimizedModule.__call__)
+    plain, plain_frames, plain_warnings = compiled_program(compile_inside, watched=False)
+    watched, frames, warned = compiled_program(compile_inside, watched=True)
+    assert same(plain, watched)
+    assert frames == plain_frames and warned == plain_warnings == []
+    assert (torch.compile, torch._dynamo.eval_frame.OptimizedModule.__call__) == before

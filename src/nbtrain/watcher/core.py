@@ -4,7 +4,8 @@ objects, so the model, its optimizer and their copies pickle as they would unwat
 
 - the model: the first outermost module called with gradients on and trainable
   parameters (global module forward hooks, kept only while something needs the model's
-  forward: samples without a DataLoader, autocast, channels_last, a measurement due);
+  forward: samples without a DataLoader, autocast, channels_last, a measurement due; a
+  torch.compile'd model's call is wrapped instead, and runs without them);
 - the loss: the tensor `Tensor.backward` runs on, detached (records.py reads it);
 - a step: see steps.py (an optimizer step, or an update by hand);
 - the batches: see loader.py; the copies to the GPU: copies.py.
@@ -17,6 +18,8 @@ optimizer kernel). What it measures, within 5% of the loop's own time: measure.p
 from __future__ import annotations
 
 import contextlib
+import functools
+import sys
 import time
 from typing import Optional
 
@@ -91,6 +94,7 @@ class Watcher(LoaderPart, CopiesPart, PrecisionPart, StepsPart, RecordsPart, Mea
         self._keep(register_optimizer_step_post_hook(self._after_step).remove)
         self._add_forward_hooks()
         self._keep(self._remove_forward_hooks)
+        self._watch_compiled_calls()
         self._patch(torch.Tensor, "backward", self._wrap_backward)
         self._patch(DataLoader, "__iter__", self._wrap_iter)
         self._keep(self._stop_shadow_workers)   # undone first: before torch's iterator is back
@@ -144,6 +148,70 @@ class Watcher(LoaderPart, CopiesPart, PrecisionPart, StepsPart, RecordsPart, Mea
             # torch's handle forgets this one (torch/nn/modules/module.py, with_kwargs)
             torch.nn.modules.module._global_forward_hooks_with_kwargs.pop(handle.id, None)
         self._forward_hooks = []
+
+    @contextlib.contextmanager
+    def _forward_hooks_away(self):
+        """The watch's global forward hooks out of torch's dicts, then back in their place."""
+        module = torch.nn.modules.module
+        dicts = (module._global_forward_pre_hooks, module._global_forward_hooks,
+                 module._global_forward_hooks_with_kwargs,
+                 module._global_forward_hooks_always_called)
+        ours = {handle.id for handle in self._forward_hooks}
+        before = [dict(hooks) for hooks in dicts]
+        for hooks in dicts:
+            for key in ours:
+                hooks.pop(key, None)
+        try:
+            yield
+        finally:
+            for hooks, was in zip(dicts, before):   # ours back, in order; others as they are now
+                now = dict(hooks)
+                hooks.clear()
+                hooks.update((k, v) for k, v in was.items() if k in ours or k in now)
+                hooks.update((k, v) for k, v in now.items() if k not in was)
+
+    # -- a torch.compile'd model: its call wrapped, its forward traced without the hooks --
+    def _watch_compiled_calls(self) -> None:
+        """Global hooks make torch.compile trace every submodule's slow path (12x the
+        bytecodes of an MLP's forward, +0.2 s a compile: the corpus's compiled.py), compile
+        again where they come or go, and warn the loop. OptimizedModule's call is wrapped
+        instead: at once where torch has the class, else from the first torch.compile."""
+        frames = sys.modules.get("torch._dynamo.eval_frame")
+        if frames is not None:
+            self._patch(frames.OptimizedModule, "__call__", self._wrap_compiled_call)
+        else:
+            self._patch(torch, "compile", self._wrap_compile)
+
+    def _wrap_compile(self, original):
+        watcher, wrapped = self, []
+
+        @functools.wraps(original)
+        def compile(*args, **kwargs):
+            result = original(*args, **kwargs)
+            if not wrapped:   # torch._dynamo is imported now
+                wrapped.append(True)
+                frames = sys.modules["torch._dynamo.eval_frame"]
+                watcher._patch(frames.OptimizedModule, "__call__", watcher._wrap_compiled_call)
+            return result
+        return compile
+
+    def _wrap_compiled_call(self, original):
+        watcher = self
+
+        def __call__(module, *args, **kwargs):
+            if watcher._inside or not watcher._forward_hooks:
+                return original(module, *args, **kwargs)
+            changed = watcher._forward_starts(module, args)   # what the hooks would do
+            args = args if changed is None else changed
+            try:
+                with watcher._forward_hooks_away():
+                    output = original(module, *args, **kwargs)
+            except BaseException:
+                watcher._forward_ends(module, args, kwargs, None)   # as always_call would
+                raise
+            done = watcher._forward_ends(module, args, kwargs, output)
+            return output if done is None else done
+        return __call__
 
     def _forward_needed(self) -> bool:
         """Whether the model's forward still needs the hooks (each one takes every module
