@@ -16,7 +16,7 @@ from .profiling import profile
 from .progress import attach_progress, setup_line
 from .run import Run, TrainingError
 from .schedule import schedule_preview
-from .store import delete_runs, load_run, runs
+from .stored import delete_runs, load_run, runs
 from .version import __version__
 
 # fit(progress=True)'s bar: a view, handed down to the entry, which imports no view
