@@ -151,7 +151,6 @@ class LoaderPart:
                 f"loses could cost (that wait, {risk_s:.2f} s) is at most {BUDGET:.0%} of "
                 "the time run so far"))
             return None
-        self._measured_s += risk_s   # the budget counts the trial at its worst
         self._worker_trial = (workers, self._per_batch_s)
         self.run.resolved["num_workers"] = (workers, (
             f"{waited}: epoch {epoch + 1} is loaded by {workers} worker(s) (your loader's "
