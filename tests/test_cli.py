@@ -24,10 +24,12 @@ def test_demo_help_gives_every_options_help_and_default(capsys):
     assert "--progress show a progress bar per run (default: False)" in out
 
 
-def test_the_demo_runs_every_row_and_the_own_loop_and_prints_the_table(capsys, monkeypatch):
+def test_the_demo_runs_every_row_and_the_own_loop_and_prints_the_table(capsys, monkeypatch,
+                                                                       tmp_path):
     """The whole path, made short (one round of one epoch): its figures mean nothing here,
     its structure is the demo's (tests/test_demo.py checks the verdicts)."""
     from nbtrain import demo
+    monkeypatch.setenv("NBTRAIN_HOME", str(tmp_path))   # a store of its own, to see it empty
     monkeypatch.setattr(demo.os, "getloadavg", lambda: (99.0, 99.0, 99.0))
     result = demo.run_demo(epochs=1, max_rounds=1, min_rounds=1, own_loop_epochs=1,
                            own_loop_rounds=1)
@@ -41,3 +43,4 @@ def test_the_demo_runs_every_row_and_the_own_loop_and_prints_the_table(capsys, m
     assert "num_threads=" in out and "optimizer_impl=fused" in out
     assert "your own loop, the same CNN" in out and "under nt.watch()" in out
     assert result.own_loop["state"] == "finished"
+    assert len(nbtrain.runs()) == 0   # its runs are the table's measurements: none stored

@@ -11,6 +11,7 @@ every row's spread is at most 10% (at least 3 rounds, at most 9, within a time b
 fewer than 3 only where the machine is so busy they would take over twice the budget).
 A row whose settings resolve to those of the row above is the same case: run once, it
 says so instead of timing noise. A gain smaller than the spread says "within noise".
+Its runs are measurements for the table, kept out of the run store (nt.runs()).
 """
 from __future__ import annotations
 
@@ -283,7 +284,7 @@ def run_demo(epochs: int = EPOCHS, max_rounds: int = MAX_ROUNDS, progress: bool 
     x, y = datasets.digits("train")
     xv, yv = datasets.digits("val")
     base = TrainConfig(epochs=epochs, batch_size=BATCH_SIZE, optimizer="adamw", lr=3e-3,
-                       scheduler="onecycle", seed=0)
+                       scheduler="onecycle", seed=0, store=False)
     busy = busy_note()
     if busy:
         say(busy)
@@ -373,7 +374,7 @@ def own_loop_ratio(x, y, epochs: int, rounds: int, say: Callable[[str], None] = 
             if way == "as written":
                 steps = the_loop(model, loader, epochs)
             else:
-                with watch(progress=False) as run:
+                with watch(progress=False, store=False) as run:
                     steps = the_loop(model, loader, epochs)
             times[way].append((time.perf_counter() - begin) / steps)
     ratios = [w / a for w, a in zip(times["nt.watch()"], times["as written"])]
