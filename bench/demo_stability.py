@@ -81,7 +81,7 @@ def report(results: list) -> str:
             else:
                 words = line["words"] if line["kind"] != "noise" else \
                     f"{line['vs_above']:.2f}x, within noise"
-                cells.append(f"{words} ({line['spread']:.0%})")
+                cells.append(f"{words} (noise {line.get('noise', line['spread']):.0%})")
         agreed = len(kinds) == 1
         all_agree &= agreed
         out.append(f"| {label:<{width}}| " + " | ".join(cells) + f" | {'yes' if agreed else 'NO'} |")

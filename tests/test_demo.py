@@ -132,6 +132,8 @@ def test_the_table_says_what_each_row_brought_from_given_figures():
     assert "(here: batched_fetch=True)" in lines[1].why and lines[4].why == ""
     table = demo.comparison_table(lines)
     assert "within noise" in table and "1.10x faster" in table and "-" in table
+    # the verdict shows what it measured the gain against: here the floor, the rounds tight
+    assert lines[1].noise == lines[4].noise == demo.NOISE_FLOOR and "(noise 5%)" in table
     assert [row.split("  ")[0] for row in table.splitlines()[1:]] == [r.label for r in rows]
 
 

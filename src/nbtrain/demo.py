@@ -204,6 +204,7 @@ class Line:
     kind: str       # 'base', 'same', 'gain', 'loss', 'noise'
     words: str
     why: str = ""   # for a toggle that does not pay here: why, from the run's time split
+    noise: float = math.nan   # what the verdict measured the gain against (spreads, floor)
 
 
 def lines_of(rows: List[Row]) -> List[Line]:
@@ -227,7 +228,8 @@ def lines_of(rows: List[Row]) -> List[Line]:
             kind, words = verdict(ratio, noise)
             out.append(Line(row.label, statistics.median(rates), spread(rates), ratio,
                             paired_ratio(rates, plain.rates), acc, kind, words,
-                            why_not(row, basis) if kind != "gain" else ""))
+                            why_not(row, basis) if kind != "gain" else "",
+                            max(noise if not math.isnan(noise) else 0.0, NOISE_FLOOR)))
         basis = row
     return out
 
@@ -410,8 +412,9 @@ def comparison_table(lines: List[Line]) -> str:
                        f"{line.val_acc:>9.1%}  {line.words}")
             continue
         above = "" if line.kind == "base" else f"{line.vs_above:.2f}x"
+        noise = "" if line.kind == "base" else f" (noise {line.noise:.0%})"
         out.append(f"{line.label:<{width}}{line.rate:>10,.0f}{line.spread:>8.0%}{above:>10}"
-                   f"{line.vs_plain:>9.2f}x{line.val_acc:>9.1%}  {line.words}")
+                   f"{line.vs_plain:>9.2f}x{line.val_acc:>9.1%}  {line.words}{noise}")
     return "\n".join(out)
 
 
@@ -443,7 +446,9 @@ def demo_text(demo: Demo, device: str = "cpu") -> str:
     text = [comparison_table(lines), "", textwrap.fill(
         f"{demo.rounds} interleaved rounds; samples/s: the median of the rounds, each run's "
         "steady rate (the median of its records); spread: the middle half of the rounds over "
-        "the median; vs above: the median of the per-round ratios to the timed row above. "
+        "the median; vs above: the median of the per-round ratios to the timed row above; "
+        "noise: the widest spread of the two rows and of their per-round ratios, at least "
+        f"{NOISE_FLOOR:.0%}, which a gain must pass to count. "
         "Each row adds one toggle to the rows above it; the last is nbtrain's defaults.",
         WIDTH, break_on_hyphens=False), "", "what each row's toggle resolved to, and why:", resolved_table(demo.rows)]
     whys = [textwrap.fill(f"{line.label}: {line.why}", WIDTH, initial_indent="  ",
