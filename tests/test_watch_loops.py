@@ -324,3 +324,46 @@ def test_a_compiled_model_is_compiled_as_unwatched_and_warned_of_nothing(compile
     assert same(plain, watched)
     assert frames == plain_frames and warned == plain_warnings == []
     assert (torch.compile, torch._dynamo.eval_frame.OptimizedModule.__call__) == before
+
+
+DECORATOR_FIRST = r"""
+import sys, torch, torch.nn as nn, nbtrain as nt
+assert "torch._dynamo.eval_frame" not in sys.modules   # the watch wraps torch.compile
+with nt.watch(optimize=False, progress=False, store=False):
+    decorate = torch.compile(backend="eager")   # no model: a decorator, dynamo not imported
+    model = decorate(nn.Linear(3, 2))
+    model(torch.randn(4, 3)).sum().backward()
+    again = torch.compile(nn.Linear(3, 2), backend="eager")   # now OptimizedModule is wrapped
+    again(torch.randn(4, 3)).sum().backward()
+frames = sys.modules["torch._dynamo.eval_frame"]
+assert isinstance(model, frames.OptimizedModule) and again.weight.grad is not None
+assert "nbtrain" not in getattr(frames.OptimizedModule.__call__, "__module__", "")
+assert "nbtrain" not in torch.compile.__code__.co_filename
+print("ok")
+"""
+
+
+def test_torch_compile_as_a_decorator_inside_a_watch_is_torchs_own():
+    """torch.compile(backend=...) with no model returns a decorator before torch._dynamo
+    is imported: the watch's wrapper passes it through, and wraps OptimizedModule at the
+    first compile that imports it (a fresh Python: in this one dynamo is imported)."""
+    out = subprocess.run([sys.executable, "-c", DECORATOR_FIRST], capture_output=True,
+                         text=True, timeout=240)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+def test_a_compiled_forward_taking_a_keyword_named_module():
+    class Takes(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 2)
+
+        def forward(self, x, module=None):
+            return self.lin(x) if module is None else module(x)
+    torch._dynamo.reset()
+    compiled = torch.compile(Takes(), backend="eager")
+    other = nn.Linear(3, 1)
+    with nt.watch(optimize=False, **QUIET):
+        compiled(torch.randn(4, 3), module=other).sum().backward()
+    assert other.weight.grad is not None
+    assert not modules._global_forward_hooks and not modules._global_forward_pre_hooks

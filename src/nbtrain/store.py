@@ -100,7 +100,7 @@ def _this_process() -> tuple:
     """(host, pid, the process's start time): what tells a live run from a dead one."""
     try:
         started = _started_from_proc()
-    except (OSError, ValueError, IndexError):   # not Linux, or a sandbox without /proc
+    except (OSError, ValueError, IndexError, StopIteration):   # not Linux; a bare /proc
         try:
             import psutil
             started = psutil.Process().create_time()

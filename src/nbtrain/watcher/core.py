@@ -163,8 +163,9 @@ class Watcher(LoaderPart, CopiesPart, PrecisionPart, StepsPart, RecordsPart, Mea
                 hooks.pop(key, None)
         try:
             yield
-        finally:
-            for hooks, was in zip(dicts, before):   # ours back, in order; others as they are now
+        finally:   # ours back in order (those the call did not drop); others as they are now
+            ours = {handle.id for handle in self._forward_hooks}
+            for hooks, was in zip(dicts, before):
                 now = dict(hooks)
                 hooks.clear()
                 hooks.update((k, v) for k, v in was.items() if k in ours or k in now)
@@ -188,9 +189,12 @@ class Watcher(LoaderPart, CopiesPart, PrecisionPart, StepsPart, RecordsPart, Mea
         @functools.wraps(original)
         def compile(*args, **kwargs):
             result = original(*args, **kwargs)
-            if not wrapped:   # torch._dynamo is imported now
+            # torch._dynamo is imported once a model or function is compiled (not by the
+            # decorator form, torch.compile(mode=...)); a reference kept past the watch
+            # wraps nothing
+            frames = sys.modules.get("torch._dynamo.eval_frame")
+            if not wrapped and frames is not None and Watcher.active is watcher:
                 wrapped.append(True)
-                frames = sys.modules["torch._dynamo.eval_frame"]
                 watcher._patch(frames.OptimizedModule, "__call__", watcher._wrap_compiled_call)
             return result
         return compile
@@ -198,16 +202,17 @@ class Watcher(LoaderPart, CopiesPart, PrecisionPart, StepsPart, RecordsPart, Mea
     def _wrap_compiled_call(self, original):
         watcher = self
 
-        def __call__(module, *args, **kwargs):
+        def __call__(module, /, *args, **kwargs):
             if watcher._inside or not watcher._forward_hooks:
                 return original(module, *args, **kwargs)
-            changed = watcher._forward_starts(module, args)   # what the hooks would do
-            args = args if changed is None else changed
-            try:
+            try:   # what the hooks would do, as torch's _call_impl runs them
+                changed = watcher._forward_starts(module, args)
+                args = args if changed is None else changed
                 with watcher._forward_hooks_away():
                     output = original(module, *args, **kwargs)
             except BaseException:
-                watcher._forward_ends(module, args, kwargs, None)   # as always_call would
+                with contextlib.suppress(Exception):   # torch silences an always_call hook's
+                    watcher._forward_ends(module, args, kwargs, None)   # error, for the loop's
                 raise
             done = watcher._forward_ends(module, args, kwargs, output)
             return output if done is None else done

@@ -145,6 +145,8 @@ class LoaderPart:
         workers, epoch = min(8, cores - 1), self.run.epoch   # fit's rule: training keeps a core
         risk_s = share * self._epoch_s
         waited = f"the loop waited for data {share:.0%} of epoch {epoch}"
+        if self._bf16_undecided():   # its trial would time both epochs: after it
+            return None
         if self._measured_s + risk_s > BUDGET * (time.perf_counter() - self._started):
             self.run.resolved["num_workers"] = (0, (
                 f"{waited}: {workers} worker(s) are tried for an epoch once what a trial that "
@@ -217,6 +219,8 @@ class LoaderPart:
         self._samples = self._other_samples   # the first loader's batches were no step's
 
     def _describe_loader(self, loader) -> None:
+        self._epoch_wait = self._per_batch_s = self._worker_trial = None   # another loader's
+        self._epoch_s = 0.0
         resolved, cfg = self.run.resolved, self.run.config
         resolved["num_workers"] = (loader.num_workers, KEPT)
         resolved["pin_memory"] = self._pin_as_found(loader)
