@@ -144,12 +144,16 @@ def paired_ratio(values: Sequence[float], above: Sequence[float]) -> float:
     return statistics.median(a / b for a, b in zip(values, above))
 
 
+def noise_bar(noise: float) -> float:
+    """What a gain must pass to count: the rounds' spread `noise`, at least NOISE_FLOOR."""
+    return max(noise if not math.isnan(noise) else 0.0, NOISE_FLOOR)
+
+
 def verdict(ratio: float, noise: float) -> Tuple[str, str]:
     """(kind, words) of a row that is `ratio` times as fast as the row above, each row's
     rounds spread by up to `noise`: 'gain', 'loss', or 'noise' when the difference is
     within the spread (or under NOISE_FLOOR)."""
-    if math.isnan(ratio) or abs(ratio - 1) <= max(noise if not math.isnan(noise) else 0.0,
-                                                  NOISE_FLOOR):
+    if math.isnan(ratio) or abs(ratio - 1) <= noise_bar(noise):
         return "noise", "within noise"
     if ratio > 1:
         return "gain", f"{ratio:.2f}x faster"
@@ -229,7 +233,7 @@ def lines_of(rows: List[Row]) -> List[Line]:
             out.append(Line(row.label, statistics.median(rates), spread(rates), ratio,
                             paired_ratio(rates, plain.rates), acc, kind, words,
                             why_not(row, basis) if kind != "gain" else "",
-                            max(noise if not math.isnan(noise) else 0.0, NOISE_FLOOR)))
+                            noise_bar(noise)))
         basis = row
     return out
 

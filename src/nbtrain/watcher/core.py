@@ -164,11 +164,11 @@ class Watcher(LoaderPart, CopiesPart, PrecisionPart, StepsPart, RecordsPart, Mea
         try:
             yield
         finally:   # ours back in order (those the call did not drop); others as they are now
-            ours = {handle.id for handle in self._forward_hooks}
+            still_ours = {handle.id for handle in self._forward_hooks}
             for hooks, was in zip(dicts, before):
                 now = dict(hooks)
                 hooks.clear()
-                hooks.update((k, v) for k, v in was.items() if k in ours or k in now)
+                hooks.update((k, v) for k, v in was.items() if k in still_ours or k in now)
                 hooks.update((k, v) for k, v in now.items() if k not in was)
 
     # -- a torch.compile'd model: its call wrapped, its forward traced without the hooks --

@@ -142,11 +142,11 @@ class LoaderPart:
         cores = available_cores()
         if share < WAITS_FOR_DATA or cores < 2:
             return 0
+        if self._bf16_undecided():   # its trial would time both epochs: after it
+            return None
         workers, epoch = min(8, cores - 1), self.run.epoch   # fit's rule: training keeps a core
         risk_s = share * self._epoch_s
         waited = f"the loop waited for data {share:.0%} of epoch {epoch}"
-        if self._bf16_undecided():   # its trial would time both epochs: after it
-            return None
         if self._measured_s + risk_s > BUDGET * (time.perf_counter() - self._started):
             self.run.resolved["num_workers"] = (0, (
                 f"{waited}: {workers} worker(s) are tried for an epoch once what a trial that "
