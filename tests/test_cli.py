@@ -15,13 +15,14 @@ def test_demo_help_gives_every_options_help_and_default(capsys):
     with pytest.raises(SystemExit):
         main(["demo", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "--epochs EPOCHS passes over the digits data, each run (fewer than 15: too short " \
-        "for the threads probe to measure) (default: 16)" in out
-    assert "--max-rounds MAX_ROUNDS interleaved rounds of every case at most (at least 3 " \
-        "unless they would take over 140 s; fewer once each row's spread is at most 10%); " \
-        "the table gives their median " \
-        "(default: 9)" in out
-    assert "--progress show a progress bar per run (default: False)" in out
+    assert "--epochs EPOCHS passes over the digits data in each row's full run, the one " \
+        "where every auto measures (fewer than 15: too short for the threads probe to " \
+        "measure) (default: 16)" in out
+    assert "--max-rounds MAX_ROUNDS timing rounds at most, one short run of each row a " \
+        "round, the order alternating (at least 12 unless they would take over 158 s; " \
+        "fewer once every row's rate is known within 10% and every ratio within 4%, or at " \
+        "79 s); the table gives their median (default: 400)" in out
+    assert "--progress show a progress bar per full run (default: False)" in out
 
 
 def test_the_demo_runs_every_row_and_the_own_loop_and_prints_the_table(capsys, monkeypatch,
@@ -35,6 +36,10 @@ def test_the_demo_runs_every_row_and_the_own_loop_and_prints_the_table(capsys, m
                            own_loop_rounds=1)
     out = capsys.readouterr().out
     assert result.finished and result.rounds == 1 and len(result.rows) == 5
+    timed = [row for row in result.rows if row.same_as is None]
+    assert all(len(row.runs) == 1 for row in timed)          # one timing run a round
+    assert all(row.runs == [] for row in result.rows if row.same_as is not None)
+    assert all(row.first.summary()["steps"] == 23 for row in result.rows)   # one epoch
     labels = [line.label for line in result.lines]
     assert labels == ["plain loop"] + [t.label for t in demo.CPU_TOGGLES]
     table = out[out.index("samples/s"):]

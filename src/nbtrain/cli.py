@@ -6,7 +6,8 @@ import sys
 
 
 def main(argv=None) -> int:
-    from .demo import BUDGET_S, EPOCHS, MAX_ROUNDS, MIN_ROUNDS, TARGET_SPREAD
+    from .demo import (BUDGET_S, EPOCHS, MAX_ROUNDS, MIN_ROUNDS, TARGET_RATIO_SPREAD,
+                       TARGET_SPREAD)
     from .version import __version__
     parser = argparse.ArgumentParser(prog="nbtrain", description=__doc__)
     parser.add_argument("--version", action="version", version=f"nbtrain {__version__}")
@@ -15,14 +16,17 @@ def main(argv=None) -> int:
                           "toggles one at a time, then as your own loop under nt.watch",
                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     demo.add_argument("--epochs", type=int, default=EPOCHS,
-                      help="passes over the digits data, each run (fewer than 15: too short "
-                      "for the threads probe to measure)")
+                      help="passes over the digits data in each row's full run, the one "
+                      "where every auto measures (fewer than 15: too short for the threads "
+                      "probe to measure)")
     demo.add_argument("--max-rounds", type=int, default=MAX_ROUNDS,
-                      help="interleaved rounds of every case at most (at least "
-                      f"{MIN_ROUNDS} unless they would take over {2 * BUDGET_S:.0f} s; fewer "
-                      "once each row's spread is at most "
-                      f"{TARGET_SPREAD * 100:.0f}%%); the table gives their median")
-    demo.add_argument("--progress", action="store_true", help="show a progress bar per run")
+                      help="timing rounds at most, one short run of each row a round, the "
+                      f"order alternating (at least {MIN_ROUNDS} unless they would take over "
+                      f"{2 * BUDGET_S:.0f} s; fewer once every row's rate is known within "
+                      f"{TARGET_SPREAD * 100:.0f}%% and every ratio within "
+                      f"{TARGET_RATIO_SPREAD * 100:.0f}%%, or at {BUDGET_S:.0f} s); the "
+                      "table gives their median")
+    demo.add_argument("--progress", action="store_true", help="show a progress bar per full run")
     args = parser.parse_args(argv)
     if args.command == "demo":
         from .demo import run_demo

@@ -3,15 +3,20 @@ added one at a time in the order of the article nbtrain grew from (the data path
 precision, the optimizer kernel; on a GPU also pinned copies and prefetch), so each row
 says what its toggle brought here; then the same CNN as a loop you wrote, under nt.watch.
 
-A shared machine is noisy (one run of a fraction of a second could be off by 50%): each
-run is long enough to measure its "auto" choices (the threads probe needs ~340 steps),
-its rate is its steady one (the median of its records, so a slow spell of another process
-moves it little), and the cases are run in interleaved rounds, the order rotating, until
-every row's spread is at most 10% (at least 3 rounds, at most 9, within a time budget;
-fewer than 3 only where the machine is so busy they would take over twice the budget).
-A row whose settings resolve to those of the row above is the same case: run once, it
-says so instead of timing noise. A gain smaller than the spread says "within noise".
-Its runs are measurements for the table, kept out of the run store (nt.runs()).
+Two phases. First every row runs once in full (16 epochs, with validation): long enough
+that each "auto" measures (the threads probe needs ~340 steps, the bf16 trial its rounds),
+and these runs give the settings each row resolved to, its accuracy and its time split.
+A row whose settings resolve to those of the row above is that case again and says so.
+Then the timing: the other rows replayed with the settings they resolved to, one epoch
+each (23 steps, ~0.2 s), in rounds whose order alternates (forward, then backward), until every
+row's rate and every ratio is known to within its target or the time budget ends. Why so
+short: a shared machine's speed wanders by ~10% from one second to the next, and a pair
+of runs seconds apart differs by as much whether the runs last 0.25 s or 6 s
+(bench/machine_noise.py); what narrows a comparison is the number of pairs, and short
+runs give several a second. A row's gain is the median of its per-round ratios to the
+timed row above; it counts where the 95% interval of that median leaves out 1 and the
+gain is at least 10% (FACTOR), else the row says "within noise" (or "under 10%"). Its
+runs are measurements for the table, kept out of the run store (nt.runs()).
 """
 from __future__ import annotations
 
@@ -33,17 +38,22 @@ from .devices import available_cores
 from .entry import fit, watch
 
 BATCH_SIZE = 64
-# 16 passes over digits' 1,438 training images: 368 steps of ~13 ms on a 2-core EPYC, ~5 s a
+# 16 passes over digits' 1,438 training images: 368 steps of ~8 ms on a 2-core EPYC, ~3 s a
 # run. The threads probe takes ~17 steps and at most 5% of a run (probe.BUDGET_SHARE), so a
 # run shorter than 340 steps would keep torch's threads unmeasured; 16 epochs leave margin.
 EPOCHS = 16
-MIN_ROUNDS, MAX_ROUNDS = 3, 9
-TARGET_SPREAD = 0.10   # rounds go on until every timed row's spread is at most this
-BUDGET_S = 70.0        # no round starts that would end after this (the rows' part of 90 s)
-# Below 5% a ratio is not a gain on a shared machine, however tight the rounds: two probes
-# of the same case there differ by up to 4% (probe.MIN_GAIN's measurement), and five demos
-# in a row on the 2-core EPYC read the batched-fetch row 1.01x-1.18x, its split allowing 4%.
-NOISE_FLOOR = 0.05
+TIMING_STEPS, TIMING_LOG_EVERY = 23, 5   # each timing run: one epoch, ~0.2 s, 5 records
+MIN_ROUNDS, MAX_ROUNDS = 12, 400
+LEVEL = 0.95           # the intervals: 95% for the median (distribution-free)
+TARGET_SPREAD = 0.10   # rounds go on until every row's rate interval is at most this wide
+TARGET_RATIO_SPREAD = 0.04   # ... and every ratio's (+-2%), or the budget ends
+# A change counts where it is both there (its 95% interval leaves out 1) and at least 10%,
+# asv's default --factor for reporting a benchmark's change: a real 1.04x is printed with
+# its interval but not called a gain. Timed the demo's way, two rows of the same settings
+# read 1.004x (0.98-1.03) and 1.000x (0.98-1.02) apart (bench/demo_aa.py): the pairing
+# leans neither way.
+FACTOR = 1.10
+BUDGET_S = 79.0        # no round starts that would end after this (the rows' part of 90 s)
 OWN_LOOP_EPOCHS, OWN_LOOP_ROUNDS = 4, 3
 WIDTH = 100   # the text's paragraphs are wrapped at this
 
@@ -103,6 +113,20 @@ def digits_cnn() -> nn.Module:
         nn.Linear(128, 10))
 
 
+def demo_cnn() -> nn.Module:
+    """The demo's CNN: two small convolutions, then two 512-wide layers (0.53M parameters).
+    Its step splits between convolutions, matmuls and the optimizer's update of every
+    parameter, so each toggle has work of its own to speed up (digits_cnn() is nearly all
+    convolution: there the fused AdamW's 1.08x sat inside the noise of a shared machine)."""
+    return nn.Sequential(                                        # (N, 1, 8, 8)
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+        nn.MaxPool2d(2), nn.Flatten(),                           # (N, 32 * 4 * 4)
+        nn.Linear(512, 512), nn.ReLU(),
+        nn.Linear(512, 512), nn.ReLU(),
+        nn.Linear(512, 10))
+
+
 def toggles_for(device: str) -> Tuple[Toggle, ...]:
     return GPU_TOGGLES if device.startswith("cuda") else CPU_TOGGLES
 
@@ -120,57 +144,76 @@ def demo_configs(base: TrainConfig, toggles: Sequence[Toggle] = CPU_TOGGLES) -> 
 
 # -- the figures: pure functions of the rates -------------------------------------------------
 def steady_rate(run) -> float:
-    """A run's samples/s without its slow spells: the median of its records' rates (a
-    record every 10 steps), where summary()'s whole-run mean takes a pause of another
-    process on the cores in full."""
+    """A run's samples/s without its slow spells: the median of its records' rates after
+    the first (whose steps allocate a new model's optimizer state), where summary()'s
+    whole-run mean takes a pause of another process on the cores in full."""
     rates = [r["samples_per_s"] for r in run.records("train")]
+    rates = rates[1:] if len(rates) > 1 else rates
     return statistics.median(rates) if rates else math.nan
 
 
+def median_interval(values: Sequence[float], level: float = LEVEL) -> Tuple[float, float]:
+    """The distribution-free `level` interval of the median of `values`: the k-th smallest
+    and the k-th largest, k the largest with P(Binomial(n, 1/2) < k) <= (1 - level) / 2.
+    No machine's noise is normal, and this assumes nothing of it. (NaN, NaN) where `values`
+    are too few for such an interval (fewer than 6 at 95%)."""
+    ordered, n = sorted(values), len(values)
+    k, below = 0, 0.0
+    while k < n:
+        below += math.comb(n, k) / 2 ** n   # P(Binomial(n, 1/2) <= k)
+        if below > (1 - level) / 2:
+            break
+        k += 1
+    if k == 0:
+        return math.nan, math.nan
+    return ordered[k - 1], ordered[n - k]
+
+
 def spread(values: Sequence[float]) -> float:
-    """The interquartile range of `values` over their median: 0.1 is +-5% around it for
-    the middle half of the rounds. Unlike max-min it does not grow with every round added,
-    so more rounds narrow it. NaN for fewer than 2 values."""
-    if len(values) < 2:
-        return math.nan
-    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    median = statistics.median(values)
-    return (q3 - q1) / median if median else math.nan
+    """How well the median of `values` is known: its 95% interval's width over it (0.1 is
+    +-5%). It narrows as rounds are added (about as 1/sqrt(rounds)); NaN for too few."""
+    low, high = median_interval(values)
+    median = statistics.median(values) if values else math.nan
+    return (high - low) / median if median else math.nan
+
+
+def per_round_ratios(values: Sequence[float], above: Sequence[float]) -> List[float]:
+    """`values[k] / above[k]`: both ran in round k, seconds apart, so the machine's
+    slower spells hit both."""
+    return [a / b for a, b in zip(values, above)]
 
 
 def paired_ratio(values: Sequence[float], above: Sequence[float]) -> float:
-    """The median of the per-round ratios `values[k] / above[k]`: both ran in the same
-    round, so a slow spell of the machine hits both."""
-    return statistics.median(a / b for a, b in zip(values, above))
+    """The median of the per-round ratios."""
+    return statistics.median(per_round_ratios(values, above))
 
 
-def noise_bar(noise: float) -> float:
-    """What a gain must pass to count: the rounds' spread `noise`, at least NOISE_FLOOR."""
-    return max(noise if not math.isnan(noise) else 0.0, NOISE_FLOOR)
-
-
-def verdict(ratio: float, noise: float) -> Tuple[str, str]:
-    """(kind, words) of a row that is `ratio` times as fast as the row above, each row's
-    rounds spread by up to `noise`: 'gain', 'loss', or 'noise' when the difference is
-    within the spread (or under NOISE_FLOOR)."""
-    if math.isnan(ratio) or abs(ratio - 1) <= noise_bar(noise):
+def verdict(ratio: float, low: float, high: float) -> Tuple[str, str]:
+    """(kind, words) of a row `ratio` times as fast as the row above, the 95% interval of
+    that ratio `low`-`high`: 'gain' or 'loss' where the interval leaves out 1 and the
+    change is at least FACTOR, else 'noise': "within noise" where the interval takes in 1,
+    "under 10%" where the change is there but smaller."""
+    if math.isnan(low) or low <= 1 <= high:
         return "noise", "within noise"
-    if ratio > 1:
+    if ratio >= FACTOR:
         return "gain", f"{ratio:.2f}x faster"
-    return "loss", f"{1 / ratio:.2f}x slower"
+    if ratio <= 1 / FACTOR:
+        return "loss", f"{1 / ratio:.2f}x slower"
+    return "noise", f"under {FACTOR - 1:.0%}"
 
 
-def more_rounds(done: int, spreads: Sequence[float], elapsed_s: float, round_s: float,
+def more_rounds(done: int, unsettled: Sequence[str], elapsed_s: float, round_s: float,
                 min_rounds: int = MIN_ROUNDS, max_rounds: int = MAX_ROUNDS,
-                target: float = TARGET_SPREAD, budget_s: float = BUDGET_S) -> bool:
-    """Whether to run another round: up to `min_rounds` unless one more would end after
-    twice the budget (a machine busy with other work: the busy note says so); then while a
-    row is spread wider than `target`, up to `max_rounds`, if one more round ends in budget."""
+                budget_s: float = BUDGET_S) -> bool:
+    """Whether to run another timing round: up to `min_rounds` unless one more would end
+    after twice the budget (a machine busy with other work: the busy note says so); then
+    while a figure is `unsettled` (its interval wider than its target), up to `max_rounds`,
+    if one more round ends in budget."""
     if done < min_rounds:
         return elapsed_s + round_s <= 2 * budget_s
     if done >= max_rounds or elapsed_s + round_s > budget_s:
         return False
-    return any(s > target for s in spreads)
+    return bool(unsettled)
 
 
 # -- the rows ------------------------------------------------------------------------------------
@@ -178,7 +221,8 @@ def more_rounds(done: int, spreads: Sequence[float], elapsed_s: float, round_s: 
 class Row:
     label: str
     toggle: Optional[Toggle]              # None: the plain loop
-    runs: list = field(default_factory=list)
+    first: object = None                  # the full run: what "auto" resolved to, and why
+    runs: list = field(default_factory=list)   # the timing runs, one a round
     same_as: Optional[str] = None         # the row above whose settings this one resolved to
 
     @property
@@ -187,13 +231,12 @@ class Row:
 
     @property
     def settings(self) -> dict:
-        """The speed settings the row's first run resolved to (config fields only)."""
-        return {k: v for k, (v, _) in self.runs[0].resolved.items() if k in SETTINGS}
+        """The settings the row's full run resolved to (config fields only)."""
+        return {k: v for k, (v, _) in self.first.resolved.items() if k in SETTINGS}
 
     def share(self, name: str) -> float:
-        values = [r.summary()[f"{name}_frac"] for r in self.runs]
-        values = [v for v in values if not math.isnan(v)]
-        return statistics.median(values) if values else math.nan
+        """summary()'s `<name>_frac` of the full run: the time split of a whole training."""
+        return self.first.summary()[f"{name}_frac"]
 
 
 @dataclass
@@ -208,7 +251,8 @@ class Line:
     kind: str       # 'base', 'same', 'gain', 'loss', 'noise'
     words: str
     why: str = ""   # for a toggle that does not pay here: why, from the run's time split
-    noise: float = math.nan   # what the verdict measured the gain against (spreads, floor)
+    low: float = math.nan    # the 95% interval of vs_above
+    high: float = math.nan
 
 
 def lines_of(rows: List[Row]) -> List[Line]:
@@ -216,32 +260,42 @@ def lines_of(rows: List[Row]) -> List[Line]:
     (a row that resolved to the settings above it is that row again)."""
     out, basis, plain = [], None, rows[0]
     for row in rows:
-        acc = statistics.median(r.summary().get("val_acc", math.nan) for r in row.runs)
+        acc = row.first.summary().get("val_acc", math.nan)
         if row.same_as is not None:
             out.append(Line(row.label, math.nan, math.nan, math.nan, math.nan, acc, "same",
                             f"same settings as {row.same_as!r}", why_same(row)))
             continue
         rates = row.rates
+        rate = statistics.median(rates) if rates else math.nan
         if basis is None:
-            out.append(Line(row.label, statistics.median(rates), spread(rates), 1.0, 1.0, acc,
-                            "base", ""))
+            out.append(Line(row.label, rate, spread(rates), 1.0, 1.0, acc, "base", ""))
         else:
-            ratio = paired_ratio(rates, basis.rates)
-            noise = max(spread(rates), spread(basis.rates),   # either row's, or the pairs'
-                        spread([a / b for a, b in zip(rates, basis.rates)]))
-            kind, words = verdict(ratio, noise)
-            out.append(Line(row.label, statistics.median(rates), spread(rates), ratio,
-                            paired_ratio(rates, plain.rates), acc, kind, words,
-                            why_not(row, basis) if kind != "gain" else "",
-                            noise_bar(noise)))
+            ratios = per_round_ratios(rates, basis.rates)
+            ratio = statistics.median(ratios) if ratios else math.nan
+            low, high = median_interval(ratios)
+            kind, words = verdict(ratio, low, high)
+            out.append(Line(row.label, rate, spread(rates), ratio,
+                            paired_ratio(rates, plain.rates) if rates else math.nan, acc,
+                            kind, words, why_not(row, basis) if kind != "gain" else "",
+                            low, high))
         basis = row
     return out
+
+
+def unsettled(rows: List[Row]) -> List[str]:
+    """The figures whose interval is still wider than its target: a row's rate, or its
+    ratio to the timed row above."""
+    timed = [row for row in rows if row.same_as is None]
+    wide = [row.label for row in timed if not spread(row.rates) <= TARGET_SPREAD]
+    return wide + [f"{row.label} / {above.label}" for above, row in zip(timed, timed[1:])
+                   if not spread(per_round_ratios(row.rates, above.rates))
+                   <= TARGET_RATIO_SPREAD]
 
 
 def why_same(row: Row) -> str:
     """A row that changed nothing: what its toggle resolved to, and why (the run's reasons
     for the fields it hands to "auto" that are not the plain loop's value anyway)."""
-    resolved = row.runs[0].resolved
+    resolved = row.first.resolved
     return "; ".join(f"{name}={_shown(resolved[name][0])}: {resolved[name][1]}"
                      for name in row.toggle.fields if name in resolved)
 
@@ -250,13 +304,35 @@ def why_not(row: Row, above: Row) -> str:
     """A toggle that did not pay here: the share of the step it works on, from the row
     above's own time split, where it pays, and what it resolved to."""
     share = above.share(row.toggle.share)
-    step_ms = statistics.median(r.summary()["step_time_s"] for r in above.runs) * 1e3
+    step_ms = above.first.summary()["step_time_s"] * 1e3
     what = {"data_wait": "loading (the data wait)", "copy": "copying to the device",
             "compute": "compute"}[row.toggle.share]
     changed = {k: v for k, v in row.settings.items() if above.settings.get(k) != v}
     return (f"{what} was {share:.0%} of the {step_ms:.1f} ms step above; {row.toggle.pays}"
             + (f" (here: {', '.join(f'{k}={_shown(v)}' for k, v in changed.items())})"
                if changed else ""))
+
+
+def mark_same_settings(rows: List[Row]) -> None:
+    """A row whose full run resolved to the settings of the row above is that case again."""
+    for above, row in zip(rows, rows[1:]):
+        if row.settings == above.settings:
+            row.same_as = above.same_as or above.label
+
+
+def timing_config(base: TrainConfig, row: Row, steps: int = TIMING_STEPS) -> TrainConfig:
+    """`base` with every setting the row's full run resolved to, for `steps`, a record
+    every TIMING_LOG_EVERY: a run of it measures nothing (no probe, no trial), it only
+    does what the full run chose."""
+    return base.replace(**dict(row.settings, max_steps=steps, log_every=TIMING_LOG_EVERY))
+
+
+def round_order(rows: List[Row], k: int) -> List[Row]:
+    """The timed rows (not those that are a row above again), forward in even rounds and
+    backward in odd ones: each pair of neighbours runs in both orders, so a trend of the
+    machine's speed over a round cancels (ABBA)."""
+    timed = [row for row in rows if row.same_as is None]
+    return timed if k % 2 == 0 else timed[::-1]
 
 
 # -- the demo ------------------------------------------------------------------------------------
@@ -273,24 +349,25 @@ class Demo:
 
     @property
     def runs(self) -> Dict[str, list]:
-        return {row.label: row.runs for row in self.rows}
+        return {row.label: [row.first] + row.runs for row in self.rows}
 
     @property
     def finished(self) -> bool:
-        return all(r.state == "finished" for row in self.rows for r in row.runs)
+        return all(r.state == "finished" for runs in self.runs.values() for r in runs)
 
 
 def run_demo(epochs: int = EPOCHS, max_rounds: int = MAX_ROUNDS, progress: bool = False,
              min_rounds: int = MIN_ROUNDS, budget_s: float = BUDGET_S,
+             timing_steps: int = TIMING_STEPS,
              own_loop_epochs: int = OWN_LOOP_EPOCHS, own_loop_rounds: int = OWN_LOOP_ROUNDS,
              say: Callable[[str], None] = print) -> Demo:
-    """Train every case in interleaved rounds; print the table, the settings each row
-    resolved to, and the own-loop line; return the Demo."""
+    """Run every row in full, then time the rows that differ in alternating rounds; print
+    the table, the settings each row resolved to, and the own-loop line; return the Demo."""
     start = time.perf_counter()
     x, y = datasets.digits("train")
-    xv, yv = datasets.digits("val")
+    # no FLOP count (the table shows no MFU): its ~1.7 s go to the timing rounds
     base = TrainConfig(epochs=epochs, batch_size=BATCH_SIZE, optimizer="adamw", lr=3e-3,
-                       scheduler="onecycle", seed=0, store=False)
+                       scheduler="onecycle", seed=0, store=False, count_flops=False)
     busy = busy_note()
     if busy:
         say(busy)
@@ -300,29 +377,18 @@ def run_demo(epochs: int = EPOCHS, max_rounds: int = MAX_ROUNDS, progress: bool 
             in zip(configs, (None,) + toggles_for(device))]
     bar = _progress_bar() if progress else False
 
-    def train(row: Row, round_no: int) -> None:
-        say(f"round {round_no}: {row.label}")
+    def train(config: TrainConfig, progress=False, **val):
         torch.manual_seed(0)
-        row.runs.append(fit(digits_cnn(), (x, y), nn.functional.cross_entropy,
-                            config=configs[row.label], val_data=(xv, yv), progress=bar))
+        return fit(demo_cnn(), (x, y), nn.functional.cross_entropy, config=config,
+                   progress=progress, **val)
 
-    rounds, timed = 0, []
-    while True:
-        round_start = time.perf_counter()
-        order = rows if rounds == 0 else _rotated(timed, rounds)
-        for row in order:
-            train(row, rounds + 1)
-        rounds += 1
-        if rounds == 1:   # a row resolved to the settings of the row above is that case again
-            for above, row in zip(rows, rows[1:]):
-                if row.settings == above.settings:
-                    row.same_as = above.same_as or above.label
-            timed = [row for row in rows if row.same_as is None]
-        now = time.perf_counter()
-        round_s = sum(_wall(row.runs[-1]) for row in timed) if rounds == 1 else now - round_start
-        if not more_rounds(rounds, [spread(row.rates) for row in timed], now - start, round_s,
-                           min_rounds, max_rounds, budget_s=budget_s):
-            break
+    val = datasets.digits("val")
+    for row in rows:   # the full runs: with the bar if asked for (300 timing runs: never)
+        say(f"{row.label}: {epochs} epochs, every auto measured")
+        row.first = train(configs[row.label], val_data=val, progress=bar)
+    mark_same_settings(rows)
+    rounds = time_in_rounds(rows, lambda row: train(timing_config(base, row, timing_steps)),
+                            start, say, min_rounds, max_rounds, budget_s)
     demo = Demo(rows, rounds, 0.0)
     demo.own_loop = own_loop_ratio(x, y, own_loop_epochs, own_loop_rounds, say)
     demo.wall_s = time.perf_counter() - start
@@ -330,13 +396,29 @@ def run_demo(epochs: int = EPOCHS, max_rounds: int = MAX_ROUNDS, progress: bool 
     return demo
 
 
+def time_in_rounds(rows: List[Row], timing_run: Callable[[Row], object], start: float,
+                   say: Callable[[str], None], min_rounds: int = MIN_ROUNDS,
+                   max_rounds: int = MAX_ROUNDS, budget_s: float = BUDGET_S) -> int:
+    """Append a `timing_run(row)` to each timed row per round, in round_order, while
+    more_rounds says so (the demo began at `start`); returns the rounds run."""
+    timed = [row for row in rows if row.same_as is None]
+    say(f"timing {len(timed)} rows in rounds of a short run each, the order alternating")
+    rounds, round_s = 0, 0.0
+    while more_rounds(rounds, unsettled(rows), time.perf_counter() - start, round_s,
+                      min_rounds, max_rounds, budget_s):
+        round_start = time.perf_counter()
+        for row in round_order(rows, rounds):
+            row.runs.append(timing_run(row))
+        rounds += 1
+        round_s = time.perf_counter() - round_start
+        if rounds % 20 == 0:
+            say(f"  {rounds} rounds, {time.perf_counter() - start:.0f} s")
+    return rounds
+
+
 def _rotated(rows: list, k: int) -> list:
     k %= len(rows)
     return rows[k:] + rows[:k]
-
-
-def _wall(run) -> float:
-    return run.summary()["wall_s"]
 
 
 def _progress_bar():
@@ -373,7 +455,7 @@ def own_loop_ratio(x, y, epochs: int, rounds: int, say: Callable[[str], None] = 
         for way in _rotated(list(times), k):
             say(f"your own loop, round {k + 1}: {way}")
             torch.manual_seed(0)
-            model = digits_cnn()
+            model = demo_cnn()
             loader = DataLoader(TensorDataset(x, y), batch_size=BATCH_SIZE, shuffle=True,
                                 generator=torch.Generator().manual_seed(1))
             begin = time.perf_counter()
@@ -405,29 +487,36 @@ def busy_note() -> str:
 
 
 def comparison_table(lines: List[Line]) -> str:
-    """One row per case: steady samples/s (median of the rounds) with its spread, against
-    the row above and the plain loop, validation accuracy, the verdict."""
+    """One row per case: steady samples/s (the median of the timing rounds) with its
+    spread, against the row above (the 95% interval too) and the plain loop, validation
+    accuracy, the verdict."""
     width = max(len(line.label) for line in lines) + 2
-    out = [f"{'':<{width}}{'samples/s':>10}{'spread':>8}{'vs above':>10}{'vs plain':>10}"
-           f"{'val acc':>9}  verdict"]
+    out = [f"{'':<{width}}{'samples/s':>10}{'spread':>8}{'vs above':>10}{'95% interval':>14}"
+           f"{'vs plain':>10}{'val acc':>9}  verdict"]
     for line in lines:
         if line.kind == "same":
-            out.append(f"{line.label:<{width}}{'-':>10}{'':>8}{'':>10}{'':>10}"
+            out.append(f"{line.label:<{width}}{'-':>10}{'':>8}{'':>10}{'':>14}{'':>10}"
                        f"{line.val_acc:>9.1%}  {line.words}")
             continue
         above = "" if line.kind == "base" else f"{line.vs_above:.2f}x"
-        noise = "" if line.kind == "base" else f" (noise {line.noise:.0%})"
-        out.append(f"{line.label:<{width}}{line.rate:>10,.0f}{line.spread:>8.0%}{above:>10}"
-                   f"{line.vs_plain:>9.2f}x{line.val_acc:>9.1%}  {line.words}{noise}")
+        interval = "" if line.kind == "base" or math.isnan(line.low) else \
+            f"{line.low:.2f}-{line.high:.2f}"
+        out.append(f"{line.label:<{width}}{line.rate:>10,.0f}{_percent(line.spread):>8}"
+                   f"{above:>10}{interval:>14}{line.vs_plain:>9.2f}x{line.val_acc:>9.1%}  "
+                   f"{line.words}")
     return "\n".join(out)
 
 
+def _percent(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.0%}"
+
+
 def resolved_table(rows: List[Row]) -> str:
-    """What each row's toggle resolved to, and why (its first run's run.resolved)."""
+    """What each row's toggle resolved to, and why (its full run's run.resolved)."""
     out, width = [], max(len(row.label) for row in rows) + 2
     entries = []
     for row in rows[1:]:
-        resolved = row.runs[0].resolved
+        resolved = row.first.resolved
         names = [name for name in row.toggle.fields if name in resolved]
         entries += [(row.label if i == 0 else "", f"{name}={_shown(resolved[name][0])}",
                      resolved[name][1]) for i, name in enumerate(names)]
@@ -448,13 +537,18 @@ def own_loop_text(own: dict) -> str:
 def demo_text(demo: Demo, device: str = "cpu") -> str:
     lines = demo.lines
     text = [comparison_table(lines), "", textwrap.fill(
-        f"{demo.rounds} interleaved rounds; samples/s: the median of the rounds, each run's "
-        "steady rate (the median of its records); spread: the middle half of the rounds over "
-        "the median; vs above: the median of the per-round ratios to the timed row above; "
-        "noise: the widest spread of the two rows and of their per-round ratios, at least "
-        f"{NOISE_FLOOR:.0%}, which a gain must pass to count. "
-        "Each row adds one toggle to the rows above it; the last is nbtrain's defaults.",
-        WIDTH, break_on_hyphens=False), "", "what each row's toggle resolved to, and why:", resolved_table(demo.rows)]
+        f"Each row ran once in full ({demo.rows[0].first.summary()['steps']} steps, every "
+        "auto measured: the settings below, the accuracy, the time split), then the rows "
+        f"that differ were timed in {demo.rounds} rounds of one short run each, the order "
+        "alternating. samples/s: the median of the rounds, each run's steady rate (the "
+        "median of its records); spread: the width of that median's 95% interval; vs "
+        "above: the median of the per-round ratios to the timed row above, with its 95% "
+        "interval: a change counts where the interval leaves out 1 and it is at least "
+        f"{FACTOR - 1:.0%} (asv's default factor), else it is within noise, or under "
+        f"{FACTOR - 1:.0%}. Each row adds one toggle to the rows above it; the last is "
+        "nbtrain's defaults.", WIDTH,
+        break_on_hyphens=False),
+            "", "what each row's toggle resolved to, and why:", resolved_table(demo.rows)]
     whys = [textwrap.fill(f"{line.label}: {line.why}", WIDTH, initial_indent="  ",
                           subsequent_indent="    ", break_on_hyphens=False)
             for line in lines if line.why]
