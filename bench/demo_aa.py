@@ -28,7 +28,8 @@ def main(argv=None) -> int:
     print(machine_line())
     x, y = nt.datasets.digits("train")
     base = nt.TrainConfig(epochs=demo.EPOCHS, batch_size=demo.BATCH_SIZE, optimizer="adamw",
-                          lr=3e-3, scheduler="onecycle", seed=0, store=False)
+                          lr=3e-3, scheduler="onecycle", seed=0, store=False,
+                          count_flops=False)   # as the demo's
     configs = demo.demo_configs(base)
 
     def train(config, **val):

@@ -75,7 +75,8 @@ def report(results: list) -> str:
         cells, kinds = [], set()
         for result in results:
             line = result["lines"][k]
-            kinds.add(line["kind"])
+            # "within noise" and "under 10%" share a kind: a flip between them is a flip
+            kinds.add((line["kind"], line["words"] if line["kind"] == "noise" else ""))
             if line["kind"] == "same":
                 cells.append("same as above")
             elif line["kind"] == "base":

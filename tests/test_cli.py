@@ -20,8 +20,8 @@ def test_demo_help_gives_every_options_help_and_default(capsys):
         "measure) (default: 16)" in out
     assert "--max-rounds MAX_ROUNDS timing rounds at most, one short run of each row a " \
         "round, the order alternating (at least 12 unless they would take over 158 s; " \
-        "fewer once every row's rate is known within 10% and every ratio within 4%, or at " \
-        "79 s); the table gives their median (default: 400)" in out
+        "fewer once every row's rate has a 95% interval at most 10% wide and every ratio " \
+        "4%, or 79 s into the demo); the table gives their median (default: 400)" in out
     assert "--progress show a progress bar per full run (default: False)" in out
 
 

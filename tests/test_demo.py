@@ -1,6 +1,7 @@
 """`nbtrain demo`'s structure: its rows, their labels, and the verdicts as pure functions of
 given figures (no wall clock: what a machine measures is bench/demo_stability.py's)."""
 import math
+import time
 
 import pytest
 import torch
@@ -91,7 +92,7 @@ def test_paired_ratio_is_the_median_of_the_per_round_ratios():
     (1.12, 0.98, 1.20, ("noise", "within noise")),    # the interval takes in no change
     (0.97, 0.93, 0.99, ("noise", "under 10%")),
     (0.80, 0.75, 0.85, ("loss", "1.25x slower")),
-    (1.30, math.nan, math.nan, ("noise", "within noise")),   # too few rounds to tell
+    (1.30, math.nan, math.nan, ("noise", "too few rounds to tell")),   # under 6 rounds
 ])
 def test_a_change_counts_where_its_interval_leaves_out_1_and_it_is_at_least_the_factor(
         ratio, low, high, expected):
@@ -106,6 +107,7 @@ def test_rounds_go_on_until_every_interval_is_narrow_or_a_cap():
     assert more_rounds(demo.MIN_ROUNDS, ["plain loop"], 30, 1)    # one still too wide
     assert not more_rounds(demo.MIN_ROUNDS, ["plain loop"], demo.BUDGET_S - 0.5, 1)  # too late
     assert not more_rounds(demo.MAX_ROUNDS, ["plain loop"], 30, 1)   # the round cap
+    assert not more_rounds(5, ["plain loop"], 10, 1, max_rounds=5)  # the cap under the minimum
 
 
 def test_the_timing_rounds_alternate_their_order_and_time_only_differing_rows():
@@ -116,6 +118,32 @@ def test_the_timing_rounds_alternate_their_order_and_time_only_differing_rows():
     demo.mark_same_settings(rows)
     assert [row.same_as for row in rows] == [None, None] + ["+ batched fetch"] * 3
     assert demo.round_order(rows, 0) == rows[:2] and demo.round_order(rows, 1) == rows[1::-1]
+
+
+def test_time_in_rounds_runs_the_timed_rows_in_abba_order():
+    settings = [dict(PLAIN_SETTINGS, num_threads=t) for t in (2, 2, 1, 4, 8)]
+    rows = rows_of([[1.0]] * 5, settings)
+    demo.mark_same_settings(rows)   # "+ batched fetch" is the plain loop again
+    for row in rows:
+        row.runs = []
+    called = []
+
+    def timing_run(row):
+        called.append(row.label)
+        return FakeRun(1000.0, {})
+    rounds = demo.time_in_rounds(rows, timing_run, time.perf_counter(), lambda _: None,
+                                 min_rounds=3, max_rounds=3)
+    a, b, c, d = "plain loop", "+ measured threads", "+ mixed precision", "+ fused optimizer"
+    assert rounds == 3 and called == [a, b, c, d, d, c, b, a, a, b, c, d]
+    assert rows[1].runs == [] and all(len(row.runs) == 3 for row in rows if row is not rows[1])
+    # a machine too busy for even one round in twice the budget: none
+    assert demo.time_in_rounds(rows, timing_run, time.perf_counter() - 3 * demo.BUDGET_S,
+                               lambda _: None) == 0
+
+
+def test_a_round_without_a_rate_is_left_out_of_the_ratios():
+    assert demo.per_round_ratios([120.0, math.nan, 0.0, 110.0], [100.0, 100.0, 100.0, 100.0]) \
+        == pytest.approx([1.2, 1.1])
 
 
 def test_unsettled_names_the_figures_still_wider_than_their_targets():

@@ -22,10 +22,10 @@ def main(argv=None) -> int:
     demo.add_argument("--max-rounds", type=int, default=MAX_ROUNDS,
                       help="timing rounds at most, one short run of each row a round, the "
                       f"order alternating (at least {MIN_ROUNDS} unless they would take over "
-                      f"{2 * BUDGET_S:.0f} s; fewer once every row's rate is known within "
-                      f"{TARGET_SPREAD * 100:.0f}%% and every ratio within "
-                      f"{TARGET_RATIO_SPREAD * 100:.0f}%%, or at {BUDGET_S:.0f} s); the "
-                      "table gives their median")
+                      f"{2 * BUDGET_S:.0f} s; fewer once every row's rate has a 95%% "
+                      f"interval at most {TARGET_SPREAD * 100:.0f}%% wide and every ratio "
+                      f"{TARGET_RATIO_SPREAD * 100:.0f}%%, or {BUDGET_S:.0f} s into the "
+                      "demo); the table gives their median")
     demo.add_argument("--progress", action="store_true", help="show a progress bar per full run")
     args = parser.parse_args(argv)
     if args.command == "demo":

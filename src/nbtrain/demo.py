@@ -8,8 +8,9 @@ that each "auto" measures (the threads probe needs ~340 steps, the bf16 trial it
 and these runs give the settings each row resolved to, its accuracy and its time split.
 A row whose settings resolve to those of the row above is that case again and says so.
 Then the timing: the other rows replayed with the settings they resolved to, one epoch
-each (23 steps, ~0.2 s), in rounds whose order alternates (forward, then backward), until every
-row's rate and every ratio is known to within its target or the time budget ends. Why so
+each (23 steps, ~0.2 s), in rounds whose order alternates (forward, then backward): at
+least MIN_ROUNDS, then until every row's rate and every ratio has an interval within its
+target, or the next round would end past BUDGET_S from the demo's start. Why so
 short: a shared machine's speed wanders by ~10% from one second to the next, and a pair
 of runs seconds apart differs by as much whether the runs last 0.25 s or 6 s
 (bench/machine_noise.py); what narrows a comparison is the number of pairs, and short
@@ -179,8 +180,8 @@ def spread(values: Sequence[float]) -> float:
 
 def per_round_ratios(values: Sequence[float], above: Sequence[float]) -> List[float]:
     """`values[k] / above[k]`: both ran in round k, seconds apart, so the machine's
-    slower spells hit both."""
-    return [a / b for a, b in zip(values, above)]
+    slower spells hit both. A round where either has no rate (no records) is left out."""
+    return [a / b for a, b in zip(values, above) if a > 0 and b > 0]
 
 
 def paired_ratio(values: Sequence[float], above: Sequence[float]) -> float:
@@ -192,8 +193,11 @@ def verdict(ratio: float, low: float, high: float) -> Tuple[str, str]:
     """(kind, words) of a row `ratio` times as fast as the row above, the 95% interval of
     that ratio `low`-`high`: 'gain' or 'loss' where the interval leaves out 1 and the
     change is at least FACTOR, else 'noise': "within noise" where the interval takes in 1,
-    "under 10%" where the change is there but smaller."""
-    if math.isnan(low) or low <= 1 <= high:
+    "under 10%" where the change is there but smaller, "too few rounds to tell" where
+    there is no interval (fewer than 6 rounds)."""
+    if math.isnan(low):
+        return "noise", "too few rounds to tell"
+    if low <= 1 <= high:
         return "noise", "within noise"
     if ratio >= FACTOR:
         return "gain", f"{ratio:.2f}x faster"
@@ -209,9 +213,11 @@ def more_rounds(done: int, unsettled: Sequence[str], elapsed_s: float, round_s: 
     after twice the budget (a machine busy with other work: the busy note says so); then
     while a figure is `unsettled` (its interval wider than its target), up to `max_rounds`,
     if one more round ends in budget."""
+    if done >= max_rounds:
+        return False
     if done < min_rounds:
         return elapsed_s + round_s <= 2 * budget_s
-    if done >= max_rounds or elapsed_s + round_s > budget_s:
+    if elapsed_s + round_s > budget_s:
         return False
     return bool(unsettled)
 
@@ -266,16 +272,18 @@ def lines_of(rows: List[Row]) -> List[Line]:
                             f"same settings as {row.same_as!r}", why_same(row)))
             continue
         rates = row.rates
-        rate = statistics.median(rates) if rates else math.nan
+        rate = statistics.median(_measured(rates)) if _measured(rates) else math.nan
         if basis is None:
-            out.append(Line(row.label, rate, spread(rates), 1.0, 1.0, acc, "base", ""))
+            out.append(Line(row.label, rate, spread(_measured(rates)), 1.0, 1.0, acc, "base",
+                            ""))
         else:
             ratios = per_round_ratios(rates, basis.rates)
             ratio = statistics.median(ratios) if ratios else math.nan
             low, high = median_interval(ratios)
             kind, words = verdict(ratio, low, high)
-            out.append(Line(row.label, rate, spread(rates), ratio,
-                            paired_ratio(rates, plain.rates) if rates else math.nan, acc,
+            vs_plain = per_round_ratios(rates, plain.rates)
+            out.append(Line(row.label, rate, spread(_measured(rates)), ratio,
+                            statistics.median(vs_plain) if vs_plain else math.nan, acc,
                             kind, words, why_not(row, basis) if kind != "gain" else "",
                             low, high))
         basis = row
@@ -286,10 +294,15 @@ def unsettled(rows: List[Row]) -> List[str]:
     """The figures whose interval is still wider than its target: a row's rate, or its
     ratio to the timed row above."""
     timed = [row for row in rows if row.same_as is None]
-    wide = [row.label for row in timed if not spread(row.rates) <= TARGET_SPREAD]
+    wide = [row.label for row in timed if not spread(_measured(row.rates)) <= TARGET_SPREAD]
     return wide + [f"{row.label} / {above.label}" for above, row in zip(timed, timed[1:])
                    if not spread(per_round_ratios(row.rates, above.rates))
                    <= TARGET_RATIO_SPREAD]
+
+
+def _measured(rates: Sequence[float]) -> List[float]:
+    """The rates of the runs that have one (a run without records has NaN)."""
+    return [r for r in rates if r > 0]
 
 
 def why_same(row: Row) -> str:

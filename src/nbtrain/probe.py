@@ -147,7 +147,8 @@ def candidates(cfg, device: torch.device, batches) -> List[Pair]:
 def choose(found: Measured, pairs: List[Pair], batches_per_start: int,
            cached: bool = False) -> Tuple[Pair, Dict[str, str]]:
     """The fastest pair, worker start-up spread over the batches each start serves; the
-    plain loop's pair unless another beats it by MIN_GAIN. With the reasons."""
+    plain loop's pair unless the fastest beats it by MIN_GAIN, by the median and in every
+    round (no other pair is tried in its place). With the reasons."""
     startup = {w: s / batches_per_start for w, s in found.startup_s.items()}
     cost = {p: found.step_s[p] + startup[p[0]] for p in pairs}
     plain = pairs[0]   # 0 workers, torch's thread count
@@ -167,9 +168,9 @@ def choose(found: Measured, pairs: List[Pair], batches_per_start: int,
     threads = ", ".join(f"{t}: {_ms(cost[(w, t)])}" for w, t in pairs if w == best[0])
     start = (f"; a worker start ({_ms(found.startup_s[best[0]])}) is spread over "
              f"{batches_per_start} batches" if best[0] else "")
-    kept = (f"; {split[2]} thread(s) with {split[1]} worker(s), fastest by the median, beat "
-            f"the plain loop's by {MIN_GAIN:.2f}x in only {split[0]} of "
-            f"{len(found.rounds[plain])} rounds: the plain loop's stay" if split else "")
+    kept = (f"; {split[3]} thread(s) with {split[2]} worker(s), fastest by the median, beat "
+            f"the plain loop's by {MIN_GAIN:.2f}x in only {split[0]} of {split[1]} rounds: "
+            "the plain loop's stay" if split else "")
     return best, {
         "num_workers": f"measured ms/step by workers {workers}{start}{kept} ({when})",
         "num_threads": f"measured ms/step by threads with {best[0]} worker(s) {threads}{kept} "
@@ -178,12 +179,14 @@ def choose(found: Measured, pairs: List[Pair], batches_per_start: int,
 
 def _not_every_round(found: Measured, pair: Pair, plain: Pair, extra_s: float):
     """() where `pair` beat the plain loop's by MIN_GAIN in every round both were timed
-    in (its `extra_s` of worker start-up a step added), else (rounds won, *pair). One slow
+    in (its `extra_s` of worker start-up a step added), else (rounds won, rounds compared,
+    *pair); () too for a measurement without rounds, whose median then decides. One slow
     spell can make a median lie, every round rarely does: in a demo a probe timed 2 threads
     at 25 ms a step against 10.6 ms with 1 and chose 1, which then ran 1.3x slower."""
     ours, theirs = found.rounds.get(pair, []), found.rounds.get(plain, [])
+    compared = min(len(ours), len(theirs))
     won = sum((o + extra_s) * MIN_GAIN < t for o, t in zip(ours, theirs))
-    return () if pair == plain or won == min(len(ours), len(theirs)) else (won, *pair)
+    return () if pair == plain or won == compared else (won, compared, *pair)
 
 
 def _ms(seconds: float) -> str:
