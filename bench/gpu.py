@@ -98,10 +98,24 @@ def device_spans(prof) -> List[Span]:
     """The kernels, memsets and copies the GPU ran while `prof` recorded."""
     spans = []
     for e in prof.profiler.kineto_results.events():
-        kind = _KINDS.get(e.activity_type())
+        kind = span_kind(e)
         if kind and e.device_type() != torch.autograd.DeviceType.CPU:
             spans.append(Span(kind, e.name(), e.start_ns(), e.end_ns(), _copied_bytes(e)))
     return spans
+
+
+def span_kind(event) -> Optional[str]:
+    """"kernel", "memset", "copy" or None (a user annotation, a CPU op). torch 2.13 binds
+    the event's activity type; 2.11 (the GPU machine's) does not, and there a GPU event
+    is known by its name: CUPTI names copies "Memcpy ..." and memsets "Memset ..."."""
+    activity = getattr(event, "activity_type", None)
+    if activity is not None and isinstance(activity(), str):
+        return _KINDS.get(activity())
+    if event.is_user_annotation():   # e.g. Optimizer.step#AdamW.step: a range, not a kernel
+        return None
+    name = event.name().lower()
+    return "copy" if name.startswith("memcpy") else \
+        "memset" if name.startswith("memset") else "kernel"
 
 
 def _copied_bytes(event) -> int:

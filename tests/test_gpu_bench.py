@@ -107,3 +107,30 @@ def test_the_own_loop_bench_refuses_cuda_without_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit):
         own_loop.main(["--device", "cuda"])
+
+
+class KinetoEvent:   # what torch 2.11's _KinetoEvent binds: no activity_type()
+    def __init__(self, name, annotation=False):
+        self._name, self._annotation = name, annotation
+
+    def name(self):
+        return self._name
+
+    def is_user_annotation(self):
+        return self._annotation
+
+
+def test_span_kind_without_the_activity_type_binding():
+    """torch 2.11 (the GPU machine's) has no _KinetoEvent.activity_type(): the GPU's events
+    are then known by CUPTI's names, and an annotation range is no kernel."""
+    assert gpu.span_kind(KinetoEvent("Memcpy HtoD (Pinned -> Device)")) == "copy"
+    assert gpu.span_kind(KinetoEvent("Memset (Device)")) == "memset"
+    assert gpu.span_kind(KinetoEvent("void at::native::vectorized_elementwise_kernel")) == "kernel"
+    assert gpu.span_kind(KinetoEvent("Optimizer.step#AdamW.step", annotation=True)) is None
+
+
+def test_span_kind_reads_the_binding_where_torch_has_it():
+    class Bound(KinetoEvent):
+        def activity_type(self):
+            return "gpu_memcpy"
+    assert gpu.span_kind(Bound("anything")) == "copy"
