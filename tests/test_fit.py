@@ -1,5 +1,8 @@
 """The loop: precision, optimizers, schedules, the step, validation and records."""
+import itertools
+import json
 import math
+import os
 
 import pytest
 import torch
@@ -63,6 +66,94 @@ def test_the_bf16_measurement_leaves_no_trace():
     assert torch.equal(torch.get_rng_state(), rng)
     assert torch.equal(model[1].running_mean, stats)
     assert all(p.grad is None for p in model.parameters())
+
+
+class TimedSteps:
+    """A probe's `step(amp)` on a clock of its own: each call advances it by the next of
+    that precision's step times (round again after the last), so a test's timings do not
+    depend on this machine."""
+
+    def __init__(self, monkeypatch, fp32_s, bf16_s):
+        from nbtrain import devices
+        self.now, self.calls = 0.0, 0
+        self.times = {"off": itertools.cycle(fp32_s), "bf16": itertools.cycle(bf16_s)}
+        monkeypatch.setattr(devices, "time", self)   # measure_bf16_speedup's perf_counter
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def __call__(self, amp: str) -> None:
+        self.now += next(self.times[amp])
+        self.calls += 1
+
+
+# a warm-up step, then 4 blocks of 2 steps, each precision; the third blocks swap places:
+# bf16 2x faster by the medians, but not in every block
+MIXED = ([4e-3] * 5 + [1e-3] * 2 + [4e-3] * 2, [2e-3] * 5 + [5e-3] * 2 + [2e-3] * 2)
+
+
+@pytest.fixture
+def bf16_measured(bf16_cpu, monkeypatch, tmp_path):
+    """A CPU with bf16 units whose gain is measured (not given), nothing remembered yet,
+    on a disk cache of the test's own, at load 0.5."""
+    from nbtrain import devices
+    monkeypatch.delenv("NBTRAIN_BF16_GAIN")
+    monkeypatch.setenv("NBTRAIN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(devices, "_BF16_GAINS", {})
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.5, 0.5, 0.5))
+    return tmp_path
+
+
+@pytest.mark.parametrize("fp32, bf16, decisive, faster", [
+    ([4e-3], [2e-3], True, True),                        # 2x, every block
+    ([2e-3], [3e-3], True, False),                       # slower, every block
+    (*MIXED, False, True),
+])
+def test_the_bf16_probe_decides_only_beyond_the_noise_of_its_blocks(
+        monkeypatch, fp32, bf16, decisive, faster):
+    from nbtrain.devices import measure_bf16_speedup
+    from nbtrain.prepare import BF16_PROBE_STEPS
+    step = TimedSteps(monkeypatch, fp32, bf16)
+    gain, measured_decisive = measure_bf16_speedup(step)
+    assert measured_decisive is decisive and (gain > 1) is faster
+    # prepare lets it run where its steps are at most 5% of the run: the demo's 368 steps
+    assert step.calls == BF16_PROBE_STEPS <= 0.05 * 368
+
+
+def test_an_undecided_bf16_gain_keeps_fp32_and_is_measured_again(bf16_measured, monkeypatch):
+    from nbtrain.devices import cpu_bf16_choice, known_bf16_gain
+    step = TimedSteps(monkeypatch, *MIXED)
+    amp, why = cpu_bf16_choice(step, key="mlp")
+    assert amp == "off" and "within the noise of the blocks" in why, why
+    assert known_bf16_gain("mlp") == (None, "") and not list(bf16_measured.rglob("*.json"))
+    cpu_bf16_choice(step, key="mlp")
+    assert step.calls == 2 * 18   # the second run measured again
+
+
+def test_a_decided_bf16_gain_is_kept_with_the_load_it_was_measured_under(bf16_measured,
+                                                                          monkeypatch):
+    from nbtrain import devices
+    step = TimedSteps(monkeypatch, [4e-3], [2e-3])
+    assert devices.cpu_bf16_choice(step, key="cnn") == (
+        "bf16", "CPU has avx512_bf16; measured 2.00x faster than fp32 on this model")
+    [kept] = bf16_measured.rglob("*.json")
+    assert json.loads(kept.read_text())["load"] == 0.5
+    monkeypatch.setattr(devices, "_BF16_GAINS", {})   # another process: from the disk
+    amp, why = devices.cpu_bf16_choice(step, key="cnn")
+    assert amp == "bf16" and "measured (earlier, on this machine) 2.00x" in why
+    assert step.calls == 18
+    monkeypatch.setattr(os, "getloadavg", lambda: (40.5, 40.5, 40.5))   # a busy machine now
+    assert devices.known_bf16_gain("cnn") == (None, "")
+    devices.cpu_bf16_choice(step, key="cnn")
+    assert step.calls == 2 * 18
+
+
+def test_a_bf16_gain_kept_without_its_load_is_measured_again(bf16_measured):
+    from nbtrain import devices
+    kept = devices._gain_file("cnn")   # as written before gains carried their load
+    kept.parent.mkdir(parents=True)
+    kept.write_text(json.dumps({"gain": 0.52, "key": "'cnn'"}))
+    assert devices.known_bf16_gain("cnn") == (None, "")
 
 
 def test_fp16_uses_a_grad_scaler(blobs):

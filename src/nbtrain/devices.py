@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import platform
+import statistics
 import time
 from typing import Optional, Tuple
 
@@ -127,64 +128,92 @@ def resolve_amp(requested: str, device: torch.device) -> Choice:
 MIN_BF16_GAIN = 1.1
 
 
-_BF16_GAINS = {}   # (architecture, batch shapes) -> measured gain, for this process
+_BF16_GAINS = {}   # (architecture, batch shapes) -> {"gain", "load"}, for this process
 
 
 def cpu_bf16_choice(step, key, may_measure: str = "") -> Choice:
     """'auto' on a bf16-capable CPU: measure this model's step both ways, keep the faster.
 
-    Measured once per architecture and batch shape on a machine, and kept on disk: a
-    re-run cell, a second run or another process (the ranks of processes=N, Ray's
-    workers) takes the same answer, so two runs of one config cannot differ because a
-    timing came out otherwise. $NBTRAIN_BF16_GAIN gives the gain instead of measuring it.
+    bf16 only where the measurement's blocks decide it (blocks_decisive) and it gains at
+    least MIN_BF16_GAIN: one noisy timing on a shared machine is no evidence, and fp32 is
+    the program as written. A decisive gain is kept per architecture and batch shape on
+    the machine, on disk, with the load it was measured under: a re-run cell, a second
+    run or another process (the ranks of processes=N, Ray's workers) takes the same
+    answer, until the load has moved by load_change_that_counts(). One within the noise
+    is not kept: the next run measures again. $NBTRAIN_BF16_GAIN gives the gain instead.
     `may_measure`: '' to measure when nothing is known; else why not (a run too short to
     pay for it), and fp32 is the safe choice.
     """
     flag = cpu_bf16_feature()
     try:
-        gain, source = _bf16_gain(step, key, measure=not may_measure)
+        gain, source, decisive = _bf16_gain(step, key, measure=not may_measure)
         if gain is None:
             return "off", f"CPU has {flag}, but bf16 is not measured on this model ({may_measure}): fp32"
     except Exception as exc:   # the real first step will report the problem properly
         return "off", f"could not measure bf16 on this model ({type(exc).__name__})"
+    if not decisive:
+        return "off", (f"CPU has {flag}, but bf16 measured {gain:.2f}x of fp32 speed on this "
+                       "model, within the noise of the blocks: fp32 (measured again next run)")
     if gain >= MIN_BF16_GAIN:
         return "bf16", f"CPU has {flag}; {source} {gain:.2f}x faster than fp32 on this model"
     return "off", (f"CPU has {flag}, but bf16 {source} {gain:.2f}x of fp32 speed on this "
                    "model (too small to gain)")
 
 
-def _bf16_gain(step, key, measure: bool = True) -> Tuple[Optional[float], str]:
-    """(fp32 time / bf16 time, how it is known) for `key` on this machine; (None, '')
-    when it is not known and not to be measured."""
+def _bf16_gain(step, key, measure: bool = True) -> Tuple[Optional[float], str, bool]:
+    """(fp32 time / bf16 time, how it is known, decisive) for `key` on this machine;
+    (None, '', False) when it is not known and not to be measured. A known gain was
+    decisive (only such are kept) or given."""
     gain, source = known_bf16_gain(key)
     if gain is not None or not measure:
-        return gain, source
-    gain = measure_bf16_speedup(step)
-    remember_bf16_gain(key, gain)
-    return gain, "measured"
+        return gain, source, gain is not None
+    load = os.getloadavg()[0]   # before: the probe's own steps add to it
+    gain, decisive = measure_bf16_speedup(step)
+    if decisive:
+        remember_bf16_gain(key, gain, load)
+    return gain, "measured", decisive
 
 
 def known_bf16_gain(key) -> Tuple[Optional[float], str]:
     """(gain, how it is known) for `key` from $NBTRAIN_BF16_GAIN, this process or the disk;
-    (None, '') when it was never measured here."""
+    (None, '') when it was never measured here, or measured under another load."""
     if os.environ.get("NBTRAIN_BF16_GAIN"):
         return float(os.environ["NBTRAIN_BF16_GAIN"]), "given ($NBTRAIN_BF16_GAIN)"
-    if key in _BF16_GAINS:
-        return _BF16_GAINS[key], "measured"
-    try:
-        _BF16_GAINS[key] = json.loads(_gain_file(key).read_text())["gain"]
-        return _BF16_GAINS[key], "measured (earlier, on this machine)"
-    except (OSError, ValueError, KeyError):   # never measured here, or damaged
+    entry, source = _BF16_GAINS.get(key), "measured"
+    if entry is None:
+        entry, source = _read_gain(key), "measured (earlier, on this machine)"
+    if entry is None or _load_moved(entry["load"]):
         return None, ""
+    _BF16_GAINS[key] = entry
+    return entry["gain"], source
 
 
-def remember_bf16_gain(key, gain: float) -> None:
-    """Keep a measured gain for `key`, in this process and on disk (a read-only home: in
-    this process only)."""
-    _BF16_GAINS[key] = gain
+def _read_gain(key) -> Optional[dict]:
+    """The gain kept on disk for `key`, with its load; None when there is none, it is
+    damaged, or it is from before gains carried their load (measured again)."""
+    try:
+        entry = json.loads(_gain_file(key).read_text())
+        return {"gain": float(entry["gain"]), "load": float(entry["load"])}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _load_moved(load: float) -> bool:
+    """The rule probe.py and flops.py keep their timings by: other processes on the cores
+    change what a step costs in each precision, so a gain measured under another load is
+    not this machine's now."""
+    return abs(os.getloadavg()[0] - load) > load_change_that_counts()
+
+
+def remember_bf16_gain(key, gain: float, load: Optional[float] = None) -> None:
+    """Keep a measured gain for `key` with the 1-minute load average it was measured under
+    (now's where not given), in this process and on disk (a read-only home: in this
+    process only)."""
+    entry = {"gain": gain, "load": os.getloadavg()[0] if load is None else load}
+    _BF16_GAINS[key] = entry
     from .files import atomic_write
     with contextlib.suppress(OSError), atomic_write(_gain_file(key), "w") as f:
-        json.dump({"gain": gain, "key": repr(key)[:2000]}, f)
+        json.dump({**entry, "key": repr(key)[:2000]}, f)
 
 
 def _gain_file(key):
@@ -218,20 +247,34 @@ def autocast_context(amp: str, device: torch.device):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def measure_bf16_speedup(step, reps: int = 3) -> float:
-    """fp32 time / bf16 time of `step(amp)` (one forward+backward), best of `reps` each.
+# the probe's blocks, fp32 and bf16 in ABBA order so that a drift of the machine's speed
+# weighs on both alike, as in the watch's Bf16Trial; 2 + 8 * 2 = 18 steps in all, at most
+# 5% of the demo's 368-step runs (prepare.BF16_PROBE_STEPS)
+BF16_PROBE_ORDER = ("off", "bf16", "bf16", "off", "off", "bf16", "bf16", "off")
+BF16_PROBE_BLOCK = 2   # steps a block
 
-    Interleaved after one warm-up each, so a busy machine slows both alike.
-    """
-    best = {"off": float("inf"), "bf16": float("inf")}
+
+def measure_bf16_speedup(step) -> Tuple[float, bool]:
+    """(fp32 time / bf16 time of `step(amp)` (one forward+backward), decisive): the median
+    of each precision's blocks' time per step, after one warm-up step each, and whether
+    the blocks decide it beyond their noise (blocks_decisive)."""
     for amp in ("off", "bf16"):
         step(amp)
-    for _ in range(reps):
-        for amp in ("off", "bf16"):
-            start = time.perf_counter()
+    per_step = {"off": [], "bf16": []}
+    for amp in BF16_PROBE_ORDER:
+        start = time.perf_counter()
+        for _ in range(BF16_PROBE_BLOCK):
             step(amp)
-            best[amp] = min(best[amp], time.perf_counter() - start)
-    return best["off"] / best["bf16"]
+        per_step[amp].append((time.perf_counter() - start) / BF16_PROBE_BLOCK)
+    fp32, bf16 = per_step["off"], per_step["bf16"]
+    return statistics.median(fp32) / statistics.median(bf16), blocks_decisive(fp32, bf16)
+
+
+def blocks_decisive(fp32_s, bf16_s) -> bool:
+    """Every bf16 block faster than every fp32 block, or every one slower: by chance alone
+    (no difference at all) 4 blocks each fall so in 2 of 70 orders, 3 each in 2 of 20.
+    Anything else is within the noise of the blocks, whatever the medians say."""
+    return max(bf16_s) < min(fp32_s) or min(bf16_s) > max(fp32_s)
 
 
 @contextlib.contextmanager

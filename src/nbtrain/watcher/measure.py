@@ -5,7 +5,8 @@ as nt.fit measures only what costs at most 5% of its run. The parts, in order:
 1. bf16 "auto" on a CPU with bf16 units (optimize=True): a trial on the loop's own steps,
    blocks of steps with and without autocast interleaved (Bf16Trial); bf16 is kept only
    where every bf16 block ran faster than every fp32 block and the median gain is at
-   least MIN_BF16_GAIN. A decisive result is remembered per architecture on the machine.
+   least MIN_BF16_GAIN. A decisive result is remembered per architecture on the machine,
+   with the load average it was measured under (measured again once that has moved).
 2. The FLOPs of one of the loop's steps, counted as it runs (a dispatch mode that runs
    every op as it is and adds up torch's FLOP formulas: the loop's numbers unchanged).
 3. The device's peak, where it is not known already (a GEMM probe, cached on disk).
@@ -22,7 +23,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import flops
-from ..devices import MIN_BF16_GAIN, cpu_bf16_feature, remember_bf16_gain
+from ..devices import MIN_BF16_GAIN, blocks_decisive, cpu_bf16_feature, remember_bf16_gain
 
 BUDGET = 0.05        # of the loop's time so far
 BLOCK_S = 0.03       # a trial block's length: many steps of a small model, a few of a large one
@@ -315,8 +316,7 @@ class Bf16Trial:
                              "kept, as written")
 
     def decisive(self) -> bool:
-        fp32, bf16 = self.per_step["off"], self.per_step["bf16"]
-        return max(bf16) < min(fp32) or min(bf16) > max(fp32)
+        return blocks_decisive(self.per_step["off"], self.per_step["bf16"])
 
     def extra_s(self) -> float:
         """What the bf16 blocks cost beyond fp32's pace (the warm-up's steps included)."""
