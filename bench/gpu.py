@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import statistics
 import sys
 import time
@@ -95,35 +94,29 @@ _KINDS = {"kernel": "kernel", "gpu_memset": "memset", "gpu_memcpy": "copy"}
 
 
 def device_spans(prof) -> List[Span]:
-    """The kernels, memsets and copies the GPU ran while `prof` recorded."""
+    """The kernels, memsets and copies the GPU ran while `prof` recorded, read from the
+    trace the profiler exports: Kineto writes each GPU activity's category and a copy's
+    bytes there on every torch version, where the Python bindings of its events differ
+    (torch 2.11, the GPU machine's, binds no activity_type(), and no copy's size)."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            return trace_spans(json.load(f)["traceEvents"])
+
+
+def trace_spans(events) -> List[Span]:
+    """The GPU's spans among a Chrome trace's events (times in us there, ns here)."""
     spans = []
-    for e in prof.profiler.kineto_results.events():
-        kind = span_kind(e)
-        if kind and e.device_type() != torch.autograd.DeviceType.CPU:
-            spans.append(Span(kind, e.name(), e.start_ns(), e.end_ns(), _copied_bytes(e)))
+    for e in events:
+        kind = _KINDS.get(e.get("cat"))
+        if kind and e.get("ph") == "X":
+            start = round(float(e["ts"]) * 1000)
+            spans.append(Span(kind, e.get("name", ""), start,
+                              start + round(float(e.get("dur", 0)) * 1000),
+                              int(e.get("args", {}).get("bytes", 0))))
     return spans
-
-
-def span_kind(event) -> Optional[str]:
-    """"kernel", "memset", "copy" or None (a user annotation, a CPU op). torch 2.13 binds
-    the event's activity type; 2.11 (the GPU machine's) does not, and there a GPU event
-    is known by its name: CUPTI names copies "Memcpy ..." and memsets "Memset ..."."""
-    activity = getattr(event, "activity_type", None)
-    if activity is not None and isinstance(activity(), str):
-        return _KINDS.get(activity())
-    if event.is_user_annotation():   # e.g. Optimizer.step#AdamW.step: a range, not a kernel
-        return None
-    name = event.name().lower()
-    return "copy" if name.startswith("memcpy") else \
-        "memset" if name.startswith("memset") else "kernel"
-
-
-def _copied_bytes(event) -> int:
-    # CUPTI puts a copy's size in the event's metadata, e.g. '"bytes": 6291456'; older
-    # torch builds lack one accessor or the other
-    meta = getattr(event, "metadata_json", lambda: "")() or ""
-    found = re.search(r'"bytes":\s*(\d+)', meta)
-    return int(found.group(1)) if found else int(getattr(event, "nbytes", lambda: 0)() or 0)
 
 
 def merged(intervals):

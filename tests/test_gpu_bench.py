@@ -109,28 +109,19 @@ def test_the_own_loop_bench_refuses_cuda_without_a_gpu(monkeypatch):
         own_loop.main(["--device", "cuda"])
 
 
-class KinetoEvent:   # what torch 2.11's _KinetoEvent binds: no activity_type()
-    def __init__(self, name, annotation=False):
-        self._name, self._annotation = name, annotation
 
-    def name(self):
-        return self._name
-
-    def is_user_annotation(self):
-        return self._annotation
-
-
-def test_span_kind_without_the_activity_type_binding():
-    """torch 2.11 (the GPU machine's) has no _KinetoEvent.activity_type(): the GPU's events
-    are then known by CUPTI's names, and an annotation range is no kernel."""
-    assert gpu.span_kind(KinetoEvent("Memcpy HtoD (Pinned -> Device)")) == "copy"
-    assert gpu.span_kind(KinetoEvent("Memset (Device)")) == "memset"
-    assert gpu.span_kind(KinetoEvent("void at::native::vectorized_elementwise_kernel")) == "kernel"
-    assert gpu.span_kind(KinetoEvent("Optimizer.step#AdamW.step", annotation=True)) is None
-
-
-def test_span_kind_reads_the_binding_where_torch_has_it():
-    class Bound(KinetoEvent):
-        def activity_type(self):
-            return "gpu_memcpy"
-    assert gpu.span_kind(Bound("anything")) == "copy"
+def test_trace_spans_reads_kinetos_categories_and_bytes():
+    """What the profiler's exported trace holds of a GPU step (Kineto's own names)."""
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1.0, "dur": 5.0},
+        {"ph": "X", "cat": "kernel", "name": "sm90_gemm", "ts": 10.5, "dur": 2.25},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)", "ts": 20.0,
+         "dur": 100.0, "args": {"bytes": 6291456, "memory bandwidth (GB/s)": 62.9}},
+        {"ph": "X", "cat": "gpu_memset", "name": "Memset (Device)", "ts": 30.0, "dur": 1.0},
+        {"ph": "X", "cat": "gpu_user_annotation", "name": "Optimizer.step#AdamW.step",
+         "ts": 40.0, "dur": 9.0},
+        {"ph": "f", "cat": "ac2g", "name": "flow", "ts": 10.5}]
+    assert gpu.trace_spans(events) == [
+        Span("kernel", "sm90_gemm", 10500, 12750, 0),
+        Span("copy", "Memcpy HtoD (Pinned -> Device)", 20000, 120000, 6291456),
+        Span("memset", "Memset (Device)", 30000, 31000, 0)]
