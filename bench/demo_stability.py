@@ -8,7 +8,9 @@ Agreed means: every row has the same verdict (faster, slower, within noise, same
 as a row above) in every run, and the timed rows come in the same order by samples/s in
 every run, where two rows within 5% of each other in a run may swap. Each cell shows the
 row's ratio to the timed row above with its 95% interval, and the row's spread (the width
-of its rate's 95% interval; issue 40's target is at most 10%).
+of its rate's 95% interval, each round's machine speed factored out as in the table;
+issue 40's target is at most 10%), then the raw one (the rates as measured, with the
+machine's wander from round to round in them).
 """
 from __future__ import annotations
 
@@ -43,6 +45,12 @@ def run_once(max_rounds: int) -> dict:
             result = json.load(f)
     result["process_s"] = time.perf_counter() - start   # the interpreter's start included
     return result
+
+
+def _spreads(line: dict) -> str:
+    """The table's spread (each round's machine speed factored out), then the raw one."""
+    raw = line.get("raw_spread")
+    return f"{line['spread']:.0%}" + ("" if raw is None else f", raw {raw:.0%}")
 
 
 def order_disagreements(results: list) -> list:
@@ -80,12 +88,12 @@ def report(results: list) -> str:
             if line["kind"] == "same":
                 cells.append("same as above")
             elif line["kind"] == "base":
-                cells.append(f"{line['rate']:,.0f}/s (spread {line['spread']:.0%})")
+                cells.append(f"{line['rate']:,.0f}/s (spread {_spreads(line)})")
             else:
                 words = line["words"] if line["kind"] != "noise" else \
                     f"{line['vs_above']:.2f}x, {line['words']}"
                 cells.append(f"{words} ({line['low']:.2f}-{line['high']:.2f}; spread "
-                             f"{line['spread']:.0%})")
+                             f"{_spreads(line)})")
         agreed = len(kinds) == 1
         all_agree &= agreed
         out.append(f"| {label:<{width}}| " + " | ".join(cells) + f" | {'yes' if agreed else 'NO'} |")
@@ -93,11 +101,15 @@ def report(results: list) -> str:
     own = [r["own_loop"]["ratio"] for r in results if r.get("own_loop")]
     widest = [max(line["spread"] for line in r["lines"] if line["kind"] != "same")
               for r in results]
+    widest_raw = [max(line.get("raw_spread", float("nan")) for line in r["lines"]
+                      if line["kind"] != "same") for r in results]
     out += ["", "verdicts agreed in every run: " + ("yes" if all_agree else "NO"),
             "order of the timed rows agreed (rows within 5% may swap): "
             + ("yes" if not swapped else "NO: " + "; ".join(f"{a} / {b}" for a, b in swapped)),
             "every row's spread at most 10%: " + ("yes" if max(widest) <= 0.10 else "NO")
             + " (the widest per run: " + ", ".join(f"{w:.0%}" for w in widest) + ")",
+            "the widest spread of the rates as measured, the machine's wander between rounds "
+            "in it, per run: " + ", ".join(f"{w:.0%}" for w in widest_raw),
             "timing rounds per run: " + ", ".join(str(r["rounds"]) for r in results),
             "demo wall time per run (s): " + ", ".join(f"{r['wall_s']:.0f}" for r in results)
             + " (the process, interpreter start included: "

@@ -348,3 +348,13 @@ def test_the_watchs_fp16_with_a_fused_optimizer_does_not_sync_per_step_and_unfus
         return host_syncs_per_step(train)
     assert watched("fused") < 0.5
     assert watched("foreach") >= 1
+
+
+def test_amp_auto_measures_bf16_on_the_gpu_too(blobs):
+    """A small model's step is launch-bound on a GPU and autocast's casts are kernels of
+    their own: 'auto' keeps bf16 only where this model's steps measured faster in it."""
+    run = nt.fit(mlp(), blobs, F.cross_entropy, progress=False,
+                 config=gpu(amp="auto", max_steps=400, data_on_device=True))
+    amp, why = run.resolved["amp"]
+    assert amp in ("bf16", "off") and "has bf16 units" in why and "measured" in why, why
+    assert "not measured" not in why, why

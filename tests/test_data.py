@@ -425,3 +425,34 @@ def test_training_threads_leave_the_cores_to_workers(monkeypatch, torch_threads,
     if workers:
         assert run.resolved["num_threads"][1] == \
             "2 worker process(es) load on the other cores: training keeps 2 of 4"
+
+
+class FreezeSeen(torch.utils.data.Dataset):
+    """Each sample: how many objects the worker that loads it found frozen."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        import gc
+        return torch.tensor(gc.get_freeze_count())
+
+
+@pytest.mark.parametrize("watched", [False, True])
+def test_loader_workers_never_collect_the_parents_garbage(watched):
+    """A forked worker's collector could free a CUDA tensor that was garbage in the parent
+    (and one used on the prefetcher's stream calls CUDA as it is freed: the worker
+    aborts). The workers nbtrain starts freeze what they inherit; the parent's collector
+    is left as it was."""
+    import gc
+    from torch.utils.data import DataLoader
+    from nbtrain.data.batches import stopping_workers
+    loader = DataLoader(FreezeSeen(), batch_size=2, num_workers=1,
+                        multiprocessing_context="fork")
+    if watched:
+        with nt.watch(progress=False, store=False, optimize=False):
+            frozen = [int(b.min()) for b in loader]
+    else:
+        frozen = [int(b.min()) for b in stopping_workers(loader)]
+    assert min(frozen) > 1000 and gc.get_freeze_count() == 0
+    assert [int(b.min()) for b in loader] == [0, 0]   # a loader nbtrain does not start

@@ -257,3 +257,30 @@ def test_a_timing_run_replays_what_the_full_run_resolved_so_it_measures_nothing(
 def test_the_plain_loop_first_run_is_every_rows_basis():
     line = lines_of(rows_of([[100, 100, 100]], [PLAIN_SETTINGS]))[0]
     assert isinstance(line, Line) and line.kind == "base" and line.vs_plain == 1.0
+
+
+def test_a_rounds_machine_speed_is_factored_out_of_each_rows_rate():
+    """The rounds are blocks: a slow spell of the machine slows every row of its round
+    alike, and a row's spread is what is left once that is factored out."""
+    drift = [1.0, 0.7, 1.2, 0.9, 1.1, 0.8, 1.0, 1.3] * 2       # the machine's speed
+    plain = [1000 * d for d in drift]
+    fused = [1500 * d for d in drift]
+    assert demo.spread(plain) > 0.3
+    assert demo.round_adjusted(plain, [fused]) == pytest.approx([1000 * 1.0] * 16)
+    wobbly = [r * (1.05 if k % 2 else 0.95) for k, r in enumerate(fused)]   # its own noise
+    adjusted = demo.round_adjusted(wobbly, [plain])
+    assert demo.spread(adjusted) == pytest.approx(0.10 / 1.0, abs=0.011)
+    assert demo.round_adjusted(plain, []) == plain                 # no other row: as it is
+    assert len(demo.round_adjusted(plain, [fused[:3] + [math.nan] + fused[4:]])) == 15
+
+
+def test_the_table_spread_is_the_adjusted_one_and_the_raw_one_is_kept():
+    drift = [1.0, 0.7, 1.2, 0.9, 1.1, 0.8, 1.0, 1.3] * 2
+    fused = dict(PLAIN_SETTINGS, optimizer_impl="fused")
+    rows = rows_of([[1000 * d for d in drift], [1500 * d for d in drift]],
+                   [PLAIN_SETTINGS, fused])
+    rows = [rows[0], Row("+ fused optimizer", demo.OPTIMIZER, rows[1].first, rows[1].runs)]
+    lines = lines_of(rows)
+    assert [line.spread for line in lines] == [0.0, 0.0]
+    assert all(line.raw_spread > 0.3 for line in lines)
+    assert demo.unsettled(rows) == []

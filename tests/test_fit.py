@@ -121,12 +121,12 @@ def test_the_bf16_probe_decides_only_beyond_the_noise_of_its_blocks(
 
 
 def test_an_undecided_bf16_gain_keeps_fp32_and_is_measured_again(bf16_measured, monkeypatch):
-    from nbtrain.devices import cpu_bf16_choice, known_bf16_gain
+    from nbtrain.devices import bf16_choice, known_bf16_gain
     step = TimedSteps(monkeypatch, *MIXED)
-    amp, why = cpu_bf16_choice(step, key="mlp")
+    amp, why = bf16_choice(step, key="mlp")
     assert amp == "off" and "within the noise of the blocks" in why, why
     assert known_bf16_gain("mlp") == (None, "") and not list(bf16_measured.rglob("*.json"))
-    cpu_bf16_choice(step, key="mlp")
+    bf16_choice(step, key="mlp")
     assert step.calls == 2 * 18   # the second run measured again
 
 
@@ -134,17 +134,17 @@ def test_a_decided_bf16_gain_is_kept_with_the_load_it_was_measured_under(bf16_me
                                                                           monkeypatch):
     from nbtrain import devices
     step = TimedSteps(monkeypatch, [4e-3], [2e-3])
-    assert devices.cpu_bf16_choice(step, key="cnn") == (
+    assert devices.bf16_choice(step, key="cnn") == (
         "bf16", "CPU has avx512_bf16; measured 2.00x faster than fp32 on this model")
     [kept] = bf16_measured.rglob("*.json")
     assert json.loads(kept.read_text())["load"] == 0.5
     monkeypatch.setattr(devices, "_BF16_GAINS", {})   # another process: from the disk
-    amp, why = devices.cpu_bf16_choice(step, key="cnn")
+    amp, why = devices.bf16_choice(step, key="cnn")
     assert amp == "bf16" and "measured (earlier, on this machine) 2.00x" in why
     assert step.calls == 18
     monkeypatch.setattr(os, "getloadavg", lambda: (40.5, 40.5, 40.5))   # a busy machine now
     assert devices.known_bf16_gain("cnn") == (None, "")
-    devices.cpu_bf16_choice(step, key="cnn")
+    devices.bf16_choice(step, key="cnn")
     assert step.calls == 2 * 18
 
 

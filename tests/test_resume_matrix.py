@@ -132,7 +132,7 @@ def _measured_here(monkeypatch, workers: int, threads: int, amp: str) -> None:
         return setup.batches
     monkeypatch.setattr(prepare, "settle_workers_and_threads", settle)
     monkeypatch.setattr(prepare, "resolve_amp", lambda requested, device: (amp, "CPU has amx_bf16"))
-    monkeypatch.setattr(prepare, "cpu_bf16_choice", lambda step, key, may_measure="": (amp, f"measured {amp}"))
+    monkeypatch.setattr(prepare, "bf16_choice", lambda step, key, may_measure="", device=None: (amp, f"measured {amp}"))
 
 
 @pytest.mark.parametrize("path", ["tensors", "dataset"])

@@ -178,6 +178,26 @@ def spread(values: Sequence[float]) -> float:
     return (high - low) / median if median else math.nan
 
 
+def round_adjusted(rates: Sequence[float], others: Sequence[Sequence[float]]) -> List[float]:
+    """A row's per-round rates with each round's machine speed factored out: `rates[k]`
+    over the geometric mean of the other timed rows' rates in round k, each relative to
+    its own median (1.0 in a round of typical speed). The rounds are blocks: all rows of
+    one ran within a second, so a slower spell of the shared machine slows them alike
+    (bench/machine_noise.py: its speed wanders ~10% from one second to the next), and
+    what is left is how well this row's own rate is known. A round where any has no rate
+    is left out; no other timed row: the rates as they are."""
+    usable = [row for row in others if _measured(row)]
+    if not usable:
+        return _measured(rates)
+    typical = [statistics.median(_measured(row)) for row in usable]
+    adjusted = []
+    for k, rate in enumerate(rates):
+        speeds = [row[k] / med for row, med in zip(usable, typical) if k < len(row)]
+        if rate > 0 and len(speeds) == len(usable) and all(v > 0 for v in speeds):
+            adjusted.append(rate / math.exp(statistics.fmean(map(math.log, speeds))))
+    return adjusted
+
+
 def per_round_ratios(values: Sequence[float], above: Sequence[float]) -> List[float]:
     """`values[k] / above[k]`: both ran in round k, seconds apart, so the machine's
     slower spells hit both. A round where either has no rate (no records) is left out."""
@@ -259,42 +279,54 @@ class Line:
     why: str = ""   # for a toggle that does not pay here: why, from the run's time split
     low: float = math.nan    # the 95% interval of vs_above
     high: float = math.nan
+    raw_spread: float = math.nan   # the spread of the rates as measured, the machine's
+    #                                wander from round to round in it (the table's is without)
 
 
 def lines_of(rows: List[Row]) -> List[Line]:
     """The table's figures and verdicts: each timed row against the timed row above it
     (a row that resolved to the settings above it is that row again)."""
     out, basis, plain = [], None, rows[0]
+    adjusted = adjusted_rates(rows)
     for row in rows:
         acc = row.first.summary().get("val_acc", math.nan)
         if row.same_as is not None:
             out.append(Line(row.label, math.nan, math.nan, math.nan, math.nan, acc, "same",
                             f"same settings as {row.same_as!r}", why_same(row)))
             continue
-        rates = row.rates
-        rate = statistics.median(_measured(rates)) if _measured(rates) else math.nan
+        rates, own = row.rates, adjusted[row.label]
+        rate = statistics.median(own) if own else math.nan
+        raw = spread(_measured(rates))
         if basis is None:
-            out.append(Line(row.label, rate, spread(_measured(rates)), 1.0, 1.0, acc, "base",
-                            ""))
+            out.append(Line(row.label, rate, spread(own), 1.0, 1.0, acc, "base", "",
+                            raw_spread=raw))
         else:
             ratios = per_round_ratios(rates, basis.rates)
             ratio = statistics.median(ratios) if ratios else math.nan
             low, high = median_interval(ratios)
             kind, words = verdict(ratio, low, high)
             vs_plain = per_round_ratios(rates, plain.rates)
-            out.append(Line(row.label, rate, spread(_measured(rates)), ratio,
+            out.append(Line(row.label, rate, spread(own), ratio,
                             statistics.median(vs_plain) if vs_plain else math.nan, acc,
                             kind, words, why_not(row, basis) if kind != "gain" else "",
-                            low, high))
+                            low, high, raw))
         basis = row
     return out
+
+
+def adjusted_rates(rows: List[Row]) -> Dict[str, List[float]]:
+    """Each timed row's rates, each round's machine speed factored out (round_adjusted)."""
+    timed = {row.label: row.rates for row in rows if row.same_as is None}
+    return {label: round_adjusted(rates, [r for other, r in timed.items() if other != label])
+            for label, rates in timed.items()}
 
 
 def unsettled(rows: List[Row]) -> List[str]:
     """The figures whose interval is still wider than its target: a row's rate, or its
     ratio to the timed row above."""
     timed = [row for row in rows if row.same_as is None]
-    wide = [row.label for row in timed if not spread(_measured(row.rates)) <= TARGET_SPREAD]
+    adjusted = adjusted_rates(rows)
+    wide = [row.label for row in timed if not spread(adjusted[row.label]) <= TARGET_SPREAD]
     return wide + [f"{row.label} / {above.label}" for above, row in zip(timed, timed[1:])
                    if not spread(per_round_ratios(row.rates, above.rates))
                    <= TARGET_RATIO_SPREAD]
@@ -554,7 +586,9 @@ def demo_text(demo: Demo, device: str = "cpu") -> str:
         "auto measured: the settings below, the accuracy, the time split), then the rows "
         f"that differ were timed in {demo.rounds} rounds of one short run each, the order "
         "alternating. samples/s: the median of the rounds, each run's steady rate (the "
-        "median of its records); spread: the width of that median's 95% interval; vs "
+        "median of its records) read against the same round's other rows, so that the "
+        "machine's speed in that round is factored out (the rounds are blocks); spread: "
+        "the width of that median's 95% interval; vs "
         "above: the median of the per-round ratios to the timed row above, with its 95% "
         "interval: a change counts where the interval leaves out 1 and it is at least "
         f"{FACTOR - 1:.0%} (asv's default factor), else it is within noise, or under "

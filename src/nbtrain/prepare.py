@@ -22,7 +22,7 @@ from .data import (first_batch, loader_batches, make_batches, make_mover, prefet
                    resolve_prefetch, source_mover)
 from .data.batches import (LoaderBatches, as_tensors, batch_count, length_of, signature_of,
                            source_of)
-from .devices import (autocast_context, cpu_bf16_choice, intra_op_threads, resolve_amp,
+from .devices import (autocast_context, bf16_choice, intra_op_threads, resolve_amp,
                       resolve_device, resolve_threads)
 from .losses import outputs_and_loss
 from .memory import checkpointed_forward, leaves_no_trace
@@ -158,9 +158,10 @@ def _measure_parts(run: Run, setup: Setup, model, kept: dict, shard: Callable,
     key = functools.lru_cache(maxsize=1)(lambda: architecture(model, setup.batches))
     with _timed(run, parts, "bf16 probe", "bf16 against fp32"):
         if cfg.amp == "auto" and "amp" not in kept and setup.amp == "bf16" \
-                and device.type == "cpu":
-            run.resolved["amp"] = cpu_bf16_choice(
-                lambda amp: probe_step(model, setup, amp, forward=model), key=key(),
+                and device.type in ("cpu", "cuda"):
+            run.resolved["amp"] = bf16_choice(
+                lambda amp: probe_step(model, setup, amp, forward=model),
+                key=(_device_name(device), key()), device=device,
                 may_measure=_pays_for(run, BF16_PROBE_STEPS))
             setup.amp = run.resolved["amp"][0]
     with _timed(run, parts, "workers/threads probe", "threads and workers"):
@@ -189,6 +190,11 @@ def _compile(run: Run, setup: Setup, model) -> int:
         step, planned=run.total_steps * run.config.grad_accum_steps,
         may_measure=_pays_for(run, COMPILE_CHECK_STEPS)))
     return len(passes)
+
+
+def _device_name(device: torch.device) -> str:
+    """Which device a measurement was made on: a GPU's gain is not its host CPU's."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 def _pays_for(run: Run, steps: int) -> str:

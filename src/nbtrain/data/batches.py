@@ -5,8 +5,12 @@ by (seed, epoch), so a resumed run sees exactly the batches it would have seen.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+import gc
 import itertools
 import math
+import os
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -203,7 +207,8 @@ def stopping_workers(loader: DataLoader) -> Iterator:
     """The batches of one iter(loader), its worker processes stopped as soon as the epoch
     ends early (an error, the loop closing it): a failed run's traceback keeps the
     iterator, which would keep the workers alive as long as the notebook keeps the error."""
-    batches = iter(loader)   # now, not at the first next(): the sampler's epoch is set
+    with workers_collect_none_of_ours():
+        batches = iter(loader)   # now, not at the first next(): the sampler's epoch is set
 
     def until_done():
         finished = False
@@ -214,6 +219,38 @@ def stopping_workers(loader: DataLoader) -> Iterator:
             if not finished:
                 stop_workers(batches, loader)
     return until_done()
+
+
+@contextlib.contextmanager
+def workers_collect_none_of_ours():
+    """Worker processes forked inside never collect this process's garbage: each freezes
+    what it inherited as it starts (gc.freeze, in the child only: this process's
+    collector is left as it is). Without it a worker's first collection can free a CUDA
+    tensor that was garbage here in a reference cycle; one used on a second stream (the
+    prefetcher's batches: Tensor.record_stream) records a CUDA event as it is freed, CUDA
+    cannot run in a forked child, and the worker aborts ("CUDA error: initialization
+    error", seen on an H200)."""
+    global _freeze_in_child
+    _register_fork_hook()
+    before, _freeze_in_child = _freeze_in_child, True
+    try:
+        yield
+    finally:
+        _freeze_in_child = before
+
+
+_freeze_in_child = False   # set while workers_collect_none_of_ours() runs
+
+
+@functools.lru_cache(maxsize=None)
+def _register_fork_hook() -> None:
+    """Once a process (a hook cannot be taken back): it acts only inside the block."""
+    os.register_at_fork(after_in_child=_freeze_if_asked)
+
+
+def _freeze_if_asked() -> None:
+    if _freeze_in_child:
+        gc.freeze()
 
 
 def stop_workers(batches, loader: Optional[DataLoader] = None) -> None:

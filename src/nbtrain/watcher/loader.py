@@ -14,7 +14,8 @@ from torch.utils.data import (BatchSampler, DataLoader, IterableDataset, RandomS
                               SequentialSampler, TensorDataset, default_collate)
 
 from ..data import shippable
-from ..data.batches import batch_chunks, pinned_rows, stop_workers
+from ..data.batches import (batch_chunks, pinned_rows, stop_workers,
+                             workers_collect_none_of_ours)
 from ..data.nested import batch_len
 from ..devices import available_cores
 from .measure import BUDGET
@@ -60,7 +61,8 @@ class LoaderPart:
     def _timed_batches(self, loader, original):
         self._new_epoch(loader)
         training = self._training_loader() is loader
-        batches = iter(self._source(loader, original))
+        with workers_collect_none_of_ours():   # iter() forks the workers
+            batches = iter(self._source(loader, original))
         if training and self._ahead is not None:
             batches = self._copied_ahead(batches)
         clock = time.perf_counter   # locals: they run every batch
