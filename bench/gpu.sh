@@ -4,12 +4,14 @@
 # what is left of 585 s, at most its 100), e.g. from the device tool:   bash bench/gpu.sh
 # That machine's python3 already has torch with CUDA, pytest, numpy, psutil, tqdm,
 # scikit-learn, joblib and cloudpickle; nbtrain runs from src/ without an install. Logs go
-# to $OUT when it is set. The last thing printed is one table of every check (each stage's
+# to $OUT when it is set (stages.log, checks.jsonl, summary.md). The last thing printed is one table of every check (each stage's
 # own tables are in its log above it).
 #
 #   gpu            the GPU, the driver, torch                                     15 s
-#   tests          the CUDA tests, once, under TORCH_CUDA_SANITIZER=1 (stream
-#                  races raise), syncs per step under set_sync_debug_mode        130 s
+#   tests          the CUDA tests (syncs per step under set_sync_debug_mode, the
+#                  workers' fork, amp measured on the GPU)                       130 s
+#   sanitizer      the prefetch tests under TORCH_CUDA_SANITIZER=1 (stream races
+#                  raise)                                                          60 s
 #   data_paths     bench/gpu.py: pinned vs pageable GB/s, each data path's
 #                  samples/s, GPU idle (profiler) against nbtrain's data wait,
 #                  copy/compute overlap with prefetch, MFU, the diagnosis; a
@@ -28,14 +30,15 @@ set -uo pipefail
 out=${OUT:-/tmp}
 export PYTHONPATH=src PYTHONUNBUFFERED=1 NBTRAIN_BENCH_CHECKS="$out/checks.jsonl"
 : > "$NBTRAIN_BENCH_CHECKS"
+: > "$out/stages.log"
 
 stage() {   # stage NAME SECONDS COMMAND...: run it under its timeout, log it, note how it ended
   local name=$1 limit=$2
   shift 2
   local start=$SECONDS
-  echo
-  echo "## $name"
-  timeout --kill-after=5 "$limit" "$@" 2>&1 | tee "$out/$name.log"
+  printf '\n## %s\n' "$name" | tee -a "$out/stages.log"
+  timeout --kill-after=5 "$limit" "$@" 2>&1 | tee -a "$out/stages.log"   # one file: the
+  # device tool brings back 8 at most
   local rc=${PIPESTATUS[0]} took=$((SECONDS - start)) what verdict=met
   what="exit $rc"
   if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then what="TIMED OUT"; fi
@@ -47,8 +50,15 @@ stage() {   # stage NAME SECONDS COMMAND...: run it under its timeout, log it, n
 stage gpu 15 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader;
   python3 -c "import torch; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda)"'
 # the tests first, the benches even if one fails: both results are needed to fix anything
-stage tests 130 env TORCH_CUDA_SANITIZER=1 python3 -m pytest -q -p no:cacheprovider \
-  -o addopts="-ra" tests/test_cuda.py tests/test_data.py::test_prefetcher_yields_batches_on_the_device
+stage tests 130 python3 -m pytest -q -p no:cacheprovider -o addopts="-ra" tests/test_cuda.py \
+  tests/test_data.py::test_prefetcher_yields_batches_on_the_device \
+  tests/test_data.py::test_loader_workers_never_collect_the_parents_garbage \
+  tests/test_memory.py::test_leaves_no_trace_restores_the_cuda_rng
+# the stream tests again under torch's CUDA sanitizer (a race on a side stream raises); on
+# its own: on torch 2.11 it segfaulted in a generator's finalizer and took the suite along
+stage sanitizer 60 env TORCH_CUDA_SANITIZER=1 python3 -X faulthandler -m pytest -q \
+  -p no:cacheprovider -o addopts="-ra" tests/test_cuda.py -k "prefetch" \
+  tests/test_data.py::test_prefetcher_yields_batches_on_the_device
 stage data_paths 150 python3 bench/gpu.py
 stage precision_mfu 150 python3 bench/gpu_mfu.py
 stage own_loop 90 python3 bench/own_loop.py --device cuda --repeats 3 --epochs 1

@@ -449,10 +449,11 @@ def test_loader_workers_never_collect_the_parents_garbage(watched):
     from nbtrain.data.batches import stopping_workers
     loader = DataLoader(FreezeSeen(), batch_size=2, num_workers=1,
                         multiprocessing_context="fork")
+    before = gc.get_freeze_count()   # not always 0: torch 2.11's CUDA build froze 375
     if watched:
         with nt.watch(progress=False, store=False, optimize=False):
             frozen = [int(b.min()) for b in loader]
     else:
         frozen = [int(b.min()) for b in stopping_workers(loader)]
-    assert min(frozen) > 1000 and gc.get_freeze_count() == 0
-    assert [int(b.min()) for b in loader] == [0, 0]   # a loader nbtrain does not start
+    assert min(frozen) > before + 1000 and gc.get_freeze_count() == before
+    assert [int(b.min()) for b in loader] == [before] * 2   # a loader nbtrain does not start
