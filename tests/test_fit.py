@@ -87,9 +87,11 @@ class TimedSteps:
         self.calls += 1
 
 
-# a warm-up step, then 4 blocks of 2 steps, each precision; the third blocks swap places:
-# bf16 2x faster by the medians, but not in every block
+# a warm-up step, then 8 blocks of a step each precision; two of each swap places: bf16
+# 2x faster by the medians, but faster in only 36 of the 64 pairs of blocks
 MIXED = ([4e-3] * 5 + [1e-3] * 2 + [4e-3] * 2, [2e-3] * 5 + [5e-3] * 2 + [2e-3] * 2)
+# one slow bf16 block of 8: faster still in 56 of the 64 pairs, beyond chance
+ONE_SLOW = ([3e-3] * 9, [2e-3] * 8 + [3.5e-3])
 
 
 @pytest.fixture
@@ -108,6 +110,7 @@ def bf16_measured(bf16_cpu, monkeypatch, tmp_path):
     ([4e-3], [2e-3], True, True),                        # 2x, every block
     ([2e-3], [3e-3], True, False),                       # slower, every block
     (*MIXED, False, True),
+    (*ONE_SLOW, True, True),
 ])
 def test_the_bf16_probe_decides_only_beyond_the_noise_of_its_blocks(
         monkeypatch, fp32, bf16, decisive, faster):
@@ -355,3 +358,14 @@ def test_fused_adagrad_on_cuda_only_where_torch_has_the_kernel(monkeypatch, vers
     from nbtrain.optim import resolve_impl
     monkeypatch.setattr(torch, "__version__", version)
     assert resolve_impl(nt.TrainConfig(optimizer="adagrad"), torch.device("cuda", 0))[0] == impl
+
+
+def test_the_rank_test_counts_every_order_of_the_blocks():
+    from nbtrain.devices import _u_counts, blocks_decisive
+    assert _u_counts(3, 3) == (1, 1, 2, 3, 3, 3, 3, 2, 1, 1)      # 20 orders
+    assert sum(_u_counts(8, 8)) == 12870                          # C(16, 8)
+    fp32 = [1.0] * 8
+    assert blocks_decisive(fp32, [0.8] * 7 + [1.1]) is True       # 56 of 64 pairs: p 0.2%
+    assert blocks_decisive(fp32, [0.8] * 6 + [1.1] * 2) is False  # 48 of 64: p 5.2%
+    assert blocks_decisive(fp32, [1.2] * 7 + [0.9]) is True       # slower, as surely
+    assert blocks_decisive([1.0, 1.02, 0.98], [0.8, 0.82, 1.1]) is False   # 3 each: all or none

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import itertools
 import json
 import os
 import platform
@@ -260,10 +261,12 @@ def autocast_context(amp: str, device: torch.device):
 
 
 # the probe's blocks, fp32 and bf16 in ABBA order so that a drift of the machine's speed
-# weighs on both alike, as in the watch's Bf16Trial; 2 + 8 * 2 = 18 steps in all, at most
-# 5% of the demo's 368-step runs (prepare.BF16_PROBE_STEPS)
-BF16_PROBE_ORDER = ("off", "bf16", "bf16", "off", "off", "bf16", "bf16", "off")
-BF16_PROBE_BLOCK = 2   # steps a block
+# weighs on both alike, as in the watch's Bf16Trial; 2 + 16 = 18 steps in all, at most 5%
+# of the demo's 368-step runs (prepare.BF16_PROBE_STEPS). Single steps: for a rank test,
+# 8 blocks each decide a real 1.2x where 4 blocks of 2 steps left it within the noise in
+# one demo of five (bench/demo_stability.py)
+BF16_PROBE_ORDER = ("off", "bf16", "bf16", "off") * 4
+BF16_PROBE_BLOCK = 1   # steps a block
 
 
 def measure_bf16_speedup(step) -> Tuple[float, bool]:
@@ -282,11 +285,32 @@ def measure_bf16_speedup(step) -> Tuple[float, bool]:
     return statistics.median(fp32) / statistics.median(bf16), blocks_decisive(fp32, bf16)
 
 
-def blocks_decisive(fp32_s, bf16_s) -> bool:
-    """Every bf16 block faster than every fp32 block, or every one slower: by chance alone
-    (no difference at all) 4 blocks each fall so in 2 of 70 orders, 3 each in 2 of 20.
-    Anything else is within the noise of the blocks, whatever the medians say."""
-    return max(bf16_s) < min(fp32_s) or min(bf16_s) > max(fp32_s)
+def blocks_decisive(fp32_s, bf16_s, level: float = 0.05) -> bool:
+    """Whether the blocks' times put bf16 faster or slower than fp32 beyond their noise: an
+    exact rank test (Mann-Whitney's U: the pairs of blocks where bf16's was faster,
+    against how often each U comes by chance alone over every order of the blocks), at
+    `level` either way. With 3 blocks each that asks every bf16 block faster than every
+    fp32 one (or every one slower: 1 order of 20); with 8 each, at most 15 of the 64 pairs
+    the other way round. Anything else is within the noise of the blocks, whatever the
+    medians say."""
+    faster = sum(b < f for b in bf16_s for f in fp32_s)   # pairs where bf16's block won
+    counts = _u_counts(len(fp32_s), len(bf16_s))
+    return min(sum(counts[faster:]), sum(counts[:faster + 1])) <= level * sum(counts)
+
+
+@functools.lru_cache(maxsize=None)
+def _u_counts(m: int, n: int) -> tuple:
+    """counts[u]: the orders of m fp32 and n bf16 blocks with U = u. The slowest block is
+    fp32 (it loses to all n bf16 blocks: u - n from the rest) or bf16 (it beats none)."""
+    if m == 0 or n == 0:
+        return (1,)
+    size = m * n + 1
+    counts = [0] * size
+    for u, c in enumerate(_u_counts(m - 1, n)):
+        counts[u + n] += c
+    for u, c in enumerate(_u_counts(m, n - 1)):
+        counts[u] += c
+    return tuple(counts)
 
 
 @contextlib.contextmanager
