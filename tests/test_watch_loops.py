@@ -263,9 +263,10 @@ def test_bf16_is_kept_only_where_it_beat_fp32_beyond_the_noise(fp32, bf16, keep,
 def test_the_bf16_trial_runs_on_the_loops_own_steps_and_decides(monkeypatch, tmp_path):
     """A CPU said to have bf16 units (this one may not): the trial's blocks really run in
     bf16, and the choice is the trial's, said with the steps it was measured on."""
+    from nbtrain import devices
     from nbtrain.watcher import precision
     monkeypatch.setenv("NBTRAIN_HOME", str(tmp_path))
-    for where in (precision, measure):
+    for where in (precision, devices):
         monkeypatch.setattr(where, "cpu_bf16_feature", lambda: "avx512_bf16")
     monkeypatch.setattr(measure, "BLOCK_S", 0.002)
     monkeypatch.setattr(precision, "known_bf16_gain", lambda key: (None, ""))   # never measured

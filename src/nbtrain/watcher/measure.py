@@ -2,7 +2,7 @@
 once the loop has run long enough that it costs at most BUDGET (5%) of the time run so far,
 as nt.fit measures only what costs at most 5% of its run. The parts, in order:
 
-1. bf16 "auto" on a CPU with bf16 units (optimize=True): a trial on the loop's own steps,
+1. bf16 "auto" on a CPU or GPU with bf16 units (optimize=True): a trial on the loop's own steps,
    blocks of steps with and without autocast interleaved (Bf16Trial); bf16 is kept only
    where every bf16 block ran faster than every fp32 block and the median gain is at
    least MIN_BF16_GAIN. A decisive result is remembered per architecture on the machine,
@@ -23,7 +23,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import flops
-from ..devices import MIN_BF16_GAIN, blocks_decisive, cpu_bf16_feature, remember_bf16_gain
+from ..devices import MIN_BF16_GAIN, bf16_units, blocks_decisive, remember_bf16_gain
 
 BUDGET = 0.05        # of the loop's time so far
 BLOCK_S = 0.03       # a trial block's length: many steps of a small model, a few of a large one
@@ -94,6 +94,7 @@ class MeasurePart:
         step_s = self._step_s(now)
         if self._trial is not None:
             if self._affordable(self._trial.cost_s(step_s), now):
+                now = self._gpu_done(now)
                 self._trial.start(step_s, now, self._waited_s, self.run.step + 1)
                 self.amp = self._trial.mode
             return   # the FLOPs and the peak after the trial: the peak depends on the amp
@@ -125,6 +126,8 @@ class MeasurePart:
     # -- 1. the bf16 trial ------------------------------------------------------------------
     def _trial_step(self, now: float) -> None:
         trial = self._trial
+        if trial.ends_block():
+            now = self._gpu_done(now)
         trial.step_done(now, self._waited_s)
         if trial.running:
             self.amp = trial.mode
@@ -135,10 +138,18 @@ class MeasurePart:
         self._spent(trial.extra_s())
         if trial.decisive():
             remember_bf16_gain(self._bf16_key(self.model), gain)
-        flag = cpu_bf16_feature()
-        self.run.resolved["amp"] = (self.amp, f"CPU has {flag}; {why} (measured on your loop's "
-                                    f"own steps {trial.first_step}-{self.run.step})")
+        self.run.resolved["amp"] = (self.amp, f"{bf16_units(self.device)}; {why} (measured on "
+                                    f"your loop's own steps {trial.first_step}-{self.run.step})")
         self._drop_forward_hooks_if_unneeded()
+
+    def _gpu_done(self, now: float) -> float:
+        """On a GPU, a trial block's edge waits for the kernels queued so far, so that each
+        block is timed by the GPU's work, not by how far ahead the host queued it (one
+        sync a block, 8 in a trial); on a CPU, `now` as it is."""
+        if self.device.type != "cuda":
+            return now
+        torch.cuda.synchronize(self.device)
+        return time.perf_counter()
 
     # -- 2. the FLOP count ------------------------------------------------------------------
     def _end_flop_count(self, now: float) -> None:
@@ -199,8 +210,7 @@ class MeasurePart:
                f"{BUDGET:.0%} of it")
         resolved = self.run.resolved
         if self._trial is not None:
-            resolved["amp"] = ("off", f"CPU has {cpu_bf16_feature()}, but {why}: fp32, "
-                                      "as written")
+            resolved["amp"] = ("off", f"{bf16_units(self.device)}, but {why}: fp32, as written")
             self._trial = None
         if self.run.config.count_flops and not self._compiled and self.model is not None \
                 and "flops_per_step" not in resolved:
@@ -282,6 +292,10 @@ class Bf16Trial:
         self.running, self.block, self.steps_per_block = True, 0, self._steps(step_s)
         self.mode, self.first_step = self.ORDER[0], first_step
         self._block_start, self._waited, self._done = now, waited_s, 0
+
+    def ends_block(self) -> bool:
+        """The next step_done ends a block."""
+        return self._done + 1 >= self.steps_per_block
 
     def step_done(self, now: float, waited_s: float) -> None:
         self._done += 1

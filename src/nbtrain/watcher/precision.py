@@ -11,7 +11,8 @@ import inspect
 
 import torch
 
-from ..devices import cpu_bf16_feature, gpu_has_bf16, known_bf16_gain, MIN_BF16_GAIN
+from ..devices import (MIN_BF16_GAIN, bf16_units, cpu_bf16_feature, gpu_has_bf16,
+                       known_bf16_gain)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TRIAL = "trial"   # amp_choice's value where bf16 is measured on the loop's own steps
@@ -52,8 +53,11 @@ class PrecisionPart:
         self._to_channels_last = self.optimize and self.run.config.channels_last is True
 
     def _bf16_key(self, model) -> tuple:
-        """What a bf16 measurement depends on: layers, parameter shapes."""
-        return ("watch", repr(model), tuple((tuple(p.shape), p.dtype) for p in model.parameters()))
+        """What a bf16 measurement depends on: layers, parameter shapes, and a GPU's name
+        (its gain is not its host CPU's)."""
+        where = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+        return ("watch", repr(model), tuple((tuple(p.shape), p.dtype) for p in model.parameters()),
+                where)
 
     def _changes_forward(self) -> bool:
         return self.amp != "off" or self._to_channels_last or self._bf16_undecided()
@@ -223,27 +227,27 @@ def amp_choice(requested: str, device: torch.device, optimize: bool, key):
             return "off", f"no autocast nbtrain trusts on {device.type}"
         return "fp16", ("asked for: autocast to float16, and a GradScaler through the "
                         "backward and step hooks (the loss scaled, the step skipped on inf)")
-    if device.type == "cuda":
-        if gpu_has_bf16(device):
-            return "bf16", f"{torch.cuda.get_device_name(device)} has bf16: autocast, no scaler"
+    if device.type == "cuda" and not gpu_has_bf16(device):
         return "off", ("this GPU has no bf16; nt.watch(amp='fp16') applies fp16 with a "
                        "GradScaler through the hooks (a clip must be called as "
                        "torch.nn.utils.clip_grad_norm_ to be scaled along)")
-    if device.type != "cpu":
+    if device.type not in ("cpu", "cuda"):
         return "off", f"no autocast nbtrain trusts on {device.type}"
     if requested == "bf16":
         return "bf16", "asked for"
-    flag = cpu_bf16_feature()
-    if not flag:
+    if device.type == "cpu" and not cpu_bf16_feature():
         return "off", "CPU has no bf16 matmul units (avx512_bf16, amx_bf16): bf16 runs slower"
+    # a GPU too: a small model's step is launch-bound there, and autocast's casts are
+    # kernels of their own (the digits CNN under the watch ran 1.07-1.23x slower in bf16
+    # on an H200)
+    units = bf16_units(device)
     gain, source = known_bf16_gain(key)
     if gain is None:
-        return TRIAL, (f"CPU has {flag}: bf16 is measured on your loop's own steps once it "
-                       "has run long enough for the trial to cost at most 5% of it; fp32 "
-                       "until then")
+        return TRIAL, (f"{units}: bf16 is measured on your loop's own steps once it has run "
+                       "long enough for the trial to cost at most 5% of it; fp32 until then")
     if gain >= MIN_BF16_GAIN:
-        return "bf16", f"CPU has {flag}; {source} {gain:.2f}x faster than fp32 on this model"
-    return "off", (f"CPU has {flag}, but bf16 {source} {gain:.2f}x of fp32 speed on this "
+        return "bf16", f"{units}; {source} {gain:.2f}x faster than fp32 on this model"
+    return "off", (f"{units}, but bf16 {source} {gain:.2f}x of fp32 speed on this "
                    "model (too small to gain)")
 
 
