@@ -24,7 +24,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from .data import loader_batches, shippable, unwrapped, worker_settings
-from .data.batches import LoaderBatches, TensorBatches, length_of, signature_of, stop_workers
+from .data.batches import (LoaderBatches, TensorBatches, length_of, signature_of, stop_workers,
+                           workers_collect_none_of_ours)
 from .devices import autocast_context, available_cores, load_change_that_counts
 from .losses import outputs_and_loss
 from .memory import leaves_no_trace
@@ -319,7 +320,8 @@ class Feed:
             loader = DataLoader(dataset, batch_sampler=_Forever(plan), num_workers=workers,
                                 collate_fn=batches.loader.collate_fn, generator=torch.Generator(),
                                 **worker_settings(cfg, workers))
-            self.iterator = iter(loader)
+            with workers_collect_none_of_ours():   # iter() forks the workers
+                self.iterator = iter(loader)
         self.first = next(self.iterator)
         self.startup_s = time.perf_counter() - start if workers else 0.0
 
