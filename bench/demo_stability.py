@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -101,8 +102,9 @@ def report(results: list) -> str:
     own = [r["own_loop"]["ratio"] for r in results if r.get("own_loop")]
     widest = [max(line["spread"] for line in r["lines"] if line["kind"] != "same")
               for r in results]
-    widest_raw = [max(line.get("raw_spread", float("nan")) for line in r["lines"]
-                      if line["kind"] != "same") for r in results]
+    widest_raw = [max((line["raw_spread"] for line in r["lines"] if line["kind"] != "same"
+                       and line.get("raw_spread") == line.get("raw_spread")), default=math.nan)
+                  for r in results]   # (x == x: not NaN, which max() would place by order)
     out += ["", "verdicts agreed in every run: " + ("yes" if all_agree else "NO"),
             "order of the timed rows agreed (rows within 5% may swap): "
             + ("yes" if not swapped else "NO: " + "; ".join(f"{a} / {b}" for a, b in swapped)),

@@ -350,21 +350,29 @@ def test_the_watchs_fp16_with_a_fused_optimizer_does_not_sync_per_step_and_unfus
     assert watched("foreach") >= 1
 
 
-def test_amp_auto_measures_bf16_on_the_gpu_too(blobs):
+@pytest.fixture
+def nothing_measured(monkeypatch, tmp_path):
+    """No bf16 gain known: none in this process, none on a disk cache of the test's own."""
+    from nbtrain import devices
+    monkeypatch.setenv("NBTRAIN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(devices, "_BF16_GAINS", {})
+    if not devices.gpu_has_bf16(torch.device("cuda")):
+        pytest.skip("needs a GPU with native bf16")
+
+
+def test_amp_auto_measures_bf16_on_the_gpu_too(blobs, nothing_measured):
     """A small model's step is launch-bound on a GPU and autocast's casts are kernels of
-    their own: 'auto' keeps bf16 only where this model's steps measured faster in it."""
+    their own: 'auto' is what this model's steps measured (the demo's CNN: 0.80x)."""
     run = nt.fit(mlp(), blobs, F.cross_entropy, progress=False,
                  config=gpu(amp="auto", max_steps=400, data_on_device=True))
     amp, why = run.resolved["amp"]
     assert amp in ("bf16", "off") and "has bf16 units" in why and "measured" in why, why
-    assert "not measured" not in why, why
+    assert "not measured" not in why and "earlier" not in why, why
 
 
-def test_the_watch_measures_bf16_on_the_gpu_on_the_loops_own_steps():
+def test_the_watch_measures_bf16_on_the_gpu_on_the_loops_own_steps(nothing_measured):
     """nt.watch on a GPU with bf16 units: 'auto' is the trial's, not bf16 unmeasured (the
     digits CNN ran 1.07-1.23x slower in bf16 on an H200)."""
-    from nbtrain import devices
-    devices._BF16_GAINS.clear()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 4)).cuda()
     opt = torch.optim.SGD(model.parameters(), 0.01)
@@ -379,4 +387,4 @@ def test_the_watch_measures_bf16_on_the_gpu_on_the_loops_own_steps():
             if "fp32 until then" not in run.resolved["amp"][1]:
                 break
     amp, why = run.resolved["amp"]
-    assert "has bf16 units" in why and ("own steps" in why or "measured" in why), why
+    assert "has bf16 units" in why and "measured on your loop's own steps" in why, why

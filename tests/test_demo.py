@@ -272,6 +272,21 @@ def test_a_rounds_machine_speed_is_factored_out_of_each_rows_rate():
     assert demo.spread(adjusted) == pytest.approx(0.10 / 1.0, abs=0.011)
     assert demo.round_adjusted(plain, []) == plain                 # no other row: as it is
     assert len(demo.round_adjusted(plain, [fused[:3] + [math.nan] + fused[4:]])) == 15
+    # a round's speed from the other rows that have a rate in it
+    assert len(demo.round_adjusted(plain, [fused[:3] + [math.nan] + fused[4:], fused])) == 16
+
+
+def test_a_rows_own_noise_is_not_factored_out_with_the_rounds():
+    """Each row is read against the others only: its own wobble stays in its spread (were
+    it in the round's speed, a row alone with one other would read half its noise)."""
+    steady = [1000.0] * 16
+    wobbly = [1000.0 * (1.1 if k % 2 else 0.9) for k in range(16)]
+    fused = dict(PLAIN_SETTINGS, optimizer_impl="fused")
+    rows = rows_of([steady, wobbly], [PLAIN_SETTINGS, fused])
+    rows = [rows[0], Row("+ fused optimizer", demo.OPTIMIZER, rows[1].first, rows[1].runs)]
+    adjusted = demo.adjusted_rates(rows)
+    assert demo.spread(adjusted["+ fused optimizer"]) == pytest.approx(0.2)
+    assert demo.spread(adjusted["plain loop"]) == pytest.approx(0.2)   # against a wobbly one
 
 
 def test_the_table_spread_is_the_adjusted_one_and_the_raw_one_is_kept():

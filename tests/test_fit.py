@@ -127,7 +127,7 @@ def test_an_undecided_bf16_gain_keeps_fp32_and_is_measured_again(bf16_measured, 
     from nbtrain.devices import bf16_choice, known_bf16_gain
     step = TimedSteps(monkeypatch, *MIXED)
     amp, why = bf16_choice(step, key="mlp")
-    assert amp == "off" and "within the noise of the blocks" in why, why
+    assert amp == "off" and "within the noise of the steps: fp32" in why, why
     assert known_bf16_gain("mlp") == (None, "") and not list(bf16_measured.rglob("*.json"))
     bf16_choice(step, key="mlp")
     assert step.calls == 2 * 18   # the second run measured again
@@ -145,7 +145,8 @@ def test_a_decided_bf16_gain_is_kept_with_the_load_it_was_measured_under(bf16_me
     amp, why = devices.bf16_choice(step, key="cnn")
     assert amp == "bf16" and "measured (earlier, on this machine) 2.00x" in why
     assert step.calls == 18
-    monkeypatch.setattr(os, "getloadavg", lambda: (40.5, 40.5, 40.5))   # a busy machine now
+    monkeypatch.setattr(devices, "load_change_that_counts", lambda: 1.0)   # as on 2 cores
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.6, 1.6, 1.6))   # a busier machine now
     assert devices.known_bf16_gain("cnn") == (None, "")
     devices.bf16_choice(step, key="cnn")
     assert step.calls == 2 * 18
@@ -369,3 +370,25 @@ def test_the_rank_test_counts_every_order_of_the_blocks():
     assert blocks_decisive(fp32, [0.8] * 6 + [1.1] * 2) is False  # 48 of 64: p 5.2%
     assert blocks_decisive(fp32, [1.2] * 7 + [0.9]) is True       # slower, as surely
     assert blocks_decisive([1.0, 1.02, 0.98], [0.8, 0.82, 1.1]) is False   # 3 each: all or none
+    assert blocks_decisive([1.0, 1.02, 0.98], [0.8, 0.82, 0.79]) is True    # ... all: 1 of 20
+    for n in (3, 4, 8):   # a tie is evidence neither way (a coarse clock ticks alike)
+        assert blocks_decisive([1.0] * n, [1.0] * n) is False
+    assert blocks_decisive([1, 1, 1, 1], [1, 1, 1, 0.5]) is False
+    assert blocks_decisive([1, 1, 1, 0.5], [1, 1, 1, 1]) is False
+
+
+def test_a_gpu_keeps_bf16_unless_it_measured_slower(bf16_measured, monkeypatch):
+    """On a GPU bf16 is the device's default (tensor cores, half the activations' memory):
+    a run too short to measure, or a measurement within the noise, keeps it; a decided
+    loss turns it off."""
+    from nbtrain import devices
+    monkeypatch.setattr(devices, "bf16_units", lambda device: "GPU X has bf16 units")
+    gpu = torch.device("cuda")
+    assert devices.bf16_choice(None, key="a", may_measure="run too short", device=gpu)[0] == "bf16"
+    assert devices.bf16_choice(TimedSteps(monkeypatch, *MIXED), key="b", device=gpu)[0] == "bf16"
+    assert devices.bf16_choice(TimedSteps(monkeypatch, [2e-3], [2.1e-3]), key="c",
+                               device=gpu) == ("off", "GPU X has bf16 units, but bf16 measured "
+                                               "0.95x of fp32 speed on this model (slower)")
+    assert devices.bf16_choice(TimedSteps(monkeypatch, [2.1e-3], [2e-3]), key="d",
+                               device=gpu)[0] == "bf16"   # 1.05x: on a CPU, too small
+    assert devices.bf16_choice(TimedSteps(monkeypatch, [2.1e-3], [2e-3]), key="e")[0] == "off"

@@ -270,7 +270,7 @@ def test_the_bf16_trial_runs_on_the_loops_own_steps_and_decides(monkeypatch, tmp
         monkeypatch.setattr(where, "cpu_bf16_feature", lambda: "avx512_bf16")
     monkeypatch.setattr(measure, "BLOCK_S", 0.002)
     monkeypatch.setattr(precision, "known_bf16_gain", lambda key: (None, ""))   # never measured
-    monkeypatch.setattr(measure, "remember_bf16_gain", lambda key, gain: None)
+    monkeypatch.setattr(measure, "remember_bf16_gain", lambda key, gain, load=None: None)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 4))
     opt = torch.optim.SGD(model.parameters(), 0.01)

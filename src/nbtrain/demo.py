@@ -184,16 +184,18 @@ def round_adjusted(rates: Sequence[float], others: Sequence[Sequence[float]]) ->
     its own median (1.0 in a round of typical speed). The rounds are blocks: all rows of
     one ran within a second, so a slower spell of the shared machine slows them alike
     (bench/machine_noise.py: its speed wanders ~10% from one second to the next), and
-    what is left is how well this row's own rate is known. A round where any has no rate
-    is left out; no other timed row: the rates as they are."""
+    what is left is how well this row's own rate is known. A round's speed comes from the
+    other rows that have a rate in it; a round where this row or all of them have none is
+    left out; no other timed row: the rates as they are."""
     usable = [row for row in others if _measured(row)]
     if not usable:
         return _measured(rates)
     typical = [statistics.median(_measured(row)) for row in usable]
     adjusted = []
     for k, rate in enumerate(rates):
-        speeds = [row[k] / med for row, med in zip(usable, typical) if k < len(row)]
-        if rate > 0 and len(speeds) == len(usable) and all(v > 0 for v in speeds):
+        speeds = [row[k] / med for row, med in zip(usable, typical)
+                  if k < len(row) and row[k] > 0]
+        if rate > 0 and speeds:
             adjusted.append(rate / math.exp(statistics.fmean(map(math.log, speeds))))
     return adjusted
 

@@ -11,6 +11,7 @@ import gc
 import itertools
 import math
 import os
+import threading
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -230,16 +231,18 @@ def workers_collect_none_of_ours():
     prefetcher's batches: Tensor.record_stream) records a CUDA event as it is freed, CUDA
     cannot run in a forked child, and the worker aborts ("CUDA error: initialization
     error", seen on an H200)."""
-    global _freeze_in_child
     _register_fork_hook()
-    before, _freeze_in_child = _freeze_in_child, True
+    with _freezing_lock:
+        _freezing[0] += 1
     try:
         yield
     finally:
-        _freeze_in_child = before
+        with _freezing_lock:
+            _freezing[0] -= 1
 
 
-_freeze_in_child = False   # set while workers_collect_none_of_ours() runs
+_freezing = [0]   # the workers_collect_none_of_ours() blocks running, in any thread
+_freezing_lock = threading.Lock()
 
 
 @functools.lru_cache(maxsize=None)
@@ -249,7 +252,7 @@ def _register_fork_hook() -> None:
 
 
 def _freeze_if_asked() -> None:
-    if _freeze_in_child:
+    if _freezing[0]:
         gc.freeze()
 
 

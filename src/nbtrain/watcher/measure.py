@@ -23,7 +23,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import flops
-from ..devices import MIN_BF16_GAIN, bf16_units, blocks_decisive, remember_bf16_gain
+from ..devices import (MIN_BF16_GAIN, bf16_units, blocks_decisive, load_now,
+                       remember_bf16_gain)
 
 BUDGET = 0.05        # of the loop's time so far
 BLOCK_S = 0.03       # a trial block's length: many steps of a small model, a few of a large one
@@ -61,7 +62,7 @@ class MeasurePart:
         self._measuring = True
 
     def _plan_bf16_trial(self, why: str) -> None:
-        self._trial = Bf16Trial()
+        self._trial = Bf16Trial(load=load_now())   # before the loop's own steps add to it
         self._measuring = True
 
     def _bf16_undecided(self) -> bool:
@@ -137,7 +138,7 @@ class MeasurePart:
         self.amp = "bf16" if keep else "off"
         self._spent(trial.extra_s())
         if trial.decisive():
-            remember_bf16_gain(self._bf16_key(self.model), gain)
+            remember_bf16_gain(self._bf16_key(self.model), gain, trial.load)
         self.run.resolved["amp"] = (self.amp, f"{bf16_units(self.device)}; {why} (measured on "
                                     f"your loop's own steps {trial.first_step}-{self.run.step})")
         self._drop_forward_hooks_if_unneeded()
@@ -273,7 +274,8 @@ class Bf16Trial:
 
     ORDER = ("bf16", "off", "bf16", "bf16", "off", "off", "bf16")
 
-    def __init__(self):
+    def __init__(self, load: float = 0.0):
+        self.load = load   # the load average as the watch began: what the gain is kept with
         self.running = False
         self.block = 0
         self.mode = "off"
