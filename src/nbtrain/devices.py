@@ -178,8 +178,14 @@ def bf16_choice(step, key, may_measure: str = "",
 def bf16_units(device: torch.device) -> str:
     """What the device has for bf16, in words."""
     if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)} has bf16 units"
+        return f"{device_name(device)} has bf16 units"
     return f"CPU has {cpu_bf16_feature()}"
+
+
+def device_name(device: torch.device) -> str:
+    """Which device a measurement was made on, for its cache key: a GPU's gain is not its
+    host CPU's."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
 def _bf16_gain(step, key, measure: bool = True) -> Tuple[Optional[float], str, bool]:

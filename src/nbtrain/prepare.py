@@ -22,8 +22,8 @@ from .data import (first_batch, loader_batches, make_batches, make_mover, prefet
                    resolve_prefetch, source_mover)
 from .data.batches import (LoaderBatches, as_tensors, batch_count, length_of, signature_of,
                            source_of)
-from .devices import (autocast_context, bf16_choice, intra_op_threads, resolve_amp,
-                      resolve_device, resolve_threads)
+from .devices import (autocast_context, bf16_choice, device_name, intra_op_threads,
+                      resolve_amp, resolve_device, resolve_threads)
 from .losses import outputs_and_loss
 from .memory import checkpointed_forward, leaves_no_trace
 from .optim import build_optimizer, resolve_impl
@@ -161,7 +161,7 @@ def _measure_parts(run: Run, setup: Setup, model, kept: dict, shard: Callable,
                 and device.type in ("cpu", "cuda"):
             run.resolved["amp"] = bf16_choice(
                 lambda amp: probe_step(model, setup, amp, forward=model),
-                key=(_device_name(device), key()), device=device,
+                key=(device_name(device), key()), device=device,
                 may_measure=_pays_for(run, BF16_PROBE_STEPS))
             setup.amp = run.resolved["amp"][0]
     with _timed(run, parts, "workers/threads probe", "threads and workers"):
@@ -190,11 +190,6 @@ def _compile(run: Run, setup: Setup, model) -> int:
         step, planned=run.total_steps * run.config.grad_accum_steps,
         may_measure=_pays_for(run, COMPILE_CHECK_STEPS)))
     return len(passes)
-
-
-def _device_name(device: torch.device) -> str:
-    """Which device a measurement was made on: a GPU's gain is not its host CPU's."""
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 def _pays_for(run: Run, steps: int) -> str:

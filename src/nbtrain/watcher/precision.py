@@ -11,8 +11,8 @@ import inspect
 
 import torch
 
-from ..devices import (MIN_BF16_GAIN, bf16_units, cpu_bf16_feature, gpu_has_bf16,
-                       known_bf16_gain)
+from ..devices import (MIN_BF16_GAIN, bf16_units, cpu_bf16_feature, device_name,
+                       gpu_has_bf16, known_bf16_gain)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TRIAL = "trial"   # amp_choice's value where bf16 is measured on the loop's own steps
@@ -55,9 +55,8 @@ class PrecisionPart:
     def _bf16_key(self, model) -> tuple:
         """What a bf16 measurement depends on: layers, parameter shapes, and a GPU's name
         (its gain is not its host CPU's)."""
-        where = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
         return ("watch", repr(model), tuple((tuple(p.shape), p.dtype) for p in model.parameters()),
-                where)
+                device_name(self.device))
 
     def _changes_forward(self) -> bool:
         return self.amp != "off" or self._to_channels_last or self._bf16_undecided()
