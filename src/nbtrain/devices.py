@@ -4,7 +4,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import itertools
 import json
 import os
 import platform
@@ -210,7 +209,7 @@ def known_bf16_gain(key) -> Tuple[Optional[float], str]:
     entry, source = _BF16_GAINS.get(key), "measured"
     if entry is None:
         entry, source = _read_gain(key), "measured (earlier, on this machine)"
-    if entry is None or _load_moved(entry["load"]):
+    if entry is None or load_moved(entry["load"]):
         return None, ""
     _BF16_GAINS[key] = entry
     return entry["gain"], source
@@ -231,10 +230,11 @@ def load_now() -> float:
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
 
 
-def _load_moved(load: float) -> bool:
-    """The rule probe.py and flops.py keep their timings by: other processes on the cores
-    change what a step costs in each precision, so a gain measured under another load is
-    not this machine's now."""
+def load_moved(load: float) -> bool:
+    """Whether the load has moved since a timing taken under `load`, by more than
+    load_change_that_counts(): other processes on the cores change what a step costs, so
+    such a timing (the bf16 gain, probe.py's workers and threads) is not this machine's
+    now."""
     return abs(load_now() - load) > load_change_that_counts()
 
 

@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 from .data import loader_batches, shippable, unwrapped, worker_settings
 from .data.batches import (LoaderBatches, TensorBatches, length_of, signature_of, stop_workers,
                            workers_collect_none_of_ours)
-from .devices import autocast_context, available_cores, load_change_that_counts
+from .devices import autocast_context, available_cores, load_moved, load_now
 from .losses import outputs_and_loss
 from .memory import leaves_no_trace
 
@@ -215,7 +215,7 @@ def measure(batches, cfg, pairs: List[Pair], step, model, planned: int = 10**9) 
     length, and the pairs measured cost at most BUDGET_SHARE of it. Worker counts are
     timed only where loading a batch takes a real share of a step; a run too short for
     even the thread counts raises TooShort."""
-    load = os.getloadavg()[0]
+    load = load_now()
     feeds, untimed = {}, ""
     try:
         with _nothing_changes(model):
@@ -385,8 +385,7 @@ def _measured(key: tuple, planned: int, measure_now) -> Tuple[Measured, bool]:
     found = _MEASURED.get(key)
     outgrown = found is not None and OVER_BUDGET in found.untimed \
         and planned > found.planned
-    if found is not None and not outgrown and \
-            abs(os.getloadavg()[0] - found.load) <= load_change_that_counts():
+    if found is not None and not outgrown and not load_moved(found.load):
         return found, True
     found = _MEASURED[key] = measure_now()
     return found, False
