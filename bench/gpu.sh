@@ -4,8 +4,8 @@
 # what is left of 585 s, at most its 100), e.g. from the device tool:   bash bench/gpu.sh
 # That machine's python3 already has torch with CUDA, pytest, numpy, psutil, tqdm,
 # scikit-learn, joblib and cloudpickle; nbtrain runs from src/ without an install. Logs go
-# to $OUT when it is set (stages.log, checks.jsonl, summary.md). The last thing printed is one table of every check (each stage's
-# own tables are in its log above it).
+# to $OUT when it is set: stages.log (every stage's output, its own tables included),
+# checks.jsonl and summary.md. The last thing printed is one table of every check.
 #
 #   gpu            the GPU, the driver, torch                                     15 s
 #   tests          the CUDA tests (syncs per step under set_sync_debug_mode, the
