@@ -25,10 +25,10 @@ from torch.nn import functional as F
 from torch.utils.data import Dataset
 
 import nbtrain as nt
-from nbtrain.flops import machine_line
-from nbtrain.autotune import (Trials, autotune, candidate_settings, data_kind, search_space)
+from nbtrain.machine import machine_line
+from nbtrain.tools.autotune import Trials, autotune, candidate_settings, data_kind, search_space
 from nbtrain.data import available_cores
-from nbtrain.devices import resolve_device
+from nbtrain.auto.devices import resolve_device
 
 
 class BusyDataset(Dataset):

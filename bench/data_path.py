@@ -31,7 +31,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import nbtrain as nt
-from nbtrain.flops import machine_line
+from nbtrain.machine import machine_line
 from nbtrain.config import TrainConfig
 from nbtrain.data import make_batches
 

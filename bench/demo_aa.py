@@ -23,8 +23,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     args = parser.parse_args(argv)
     import nbtrain as nt
-    from nbtrain import demo
-    from nbtrain.flops import machine_line
+    from nbtrain.tools import demo
+    from nbtrain.machine import machine_line
     print(machine_line())
     x, y = nt.datasets.digits("train")
     base = nt.TrainConfig(epochs=demo.EPOCHS, batch_size=demo.BATCH_SIZE, optimizer="adamw",

@@ -27,7 +27,7 @@ import time
 ONE_DEMO = """
 import json, sys
 from dataclasses import asdict
-from nbtrain.demo import run_demo
+from nbtrain.tools.demo import run_demo
 demo = run_demo(max_rounds=int(sys.argv[2]))
 with open(sys.argv[1], "w") as f:
     json.dump({"lines": [asdict(line) for line in demo.lines], "rounds": demo.rounds,
@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--max-rounds", type=int, default=400)
     args = parser.parse_args(argv)
-    from nbtrain.flops import machine_line
+    from nbtrain.machine import machine_line
     print(machine_line(), f"load average at start {os.getloadavg()[0]:.1f}", flush=True)
     results = []
     for i in range(args.runs):

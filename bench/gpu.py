@@ -41,8 +41,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import nbtrain as nt
 from nbtrain.data.batches import TensorBatches
-from nbtrain.flops import percent as mfu_percent
-from nbtrain.profiling import host_syncs_per_step
+from nbtrain.auto.flops import percent as mfu_percent
+from nbtrain.tools.profiling import host_syncs_per_step
 
 BATCH, SAMPLES = 512, 16_384
 STEPS = 100          # unprofiled run: samples/s over steps 11..STEPS

@@ -56,7 +56,7 @@ def ways(steps: int) -> dict:
     from torch.utils.data import DataLoader, TensorDataset
 
     import nbtrain as nt
-    from nbtrain.demo import PLAIN
+    from nbtrain.tools.demo import PLAIN
 
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path.insert(0, here)
@@ -183,7 +183,7 @@ def main(argv=None) -> None:
 
 
 def report(found: dict, steps: int) -> None:
-    from nbtrain.flops import machine_line
+    from nbtrain.machine import machine_line
     print(f"{machine_line()}\ninstructions counted by callgrind, torch on 1 thread; per step "
           f"= (a call of {SHORT + steps} steps - one of {SHORT}) / {steps}\n")
     print("| case | way | instructions/step | vs the hand-written | fixed part of a call |\n"

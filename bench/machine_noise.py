@@ -24,8 +24,8 @@ from torch import nn
 
 def timeline(seconds: float, record_steps: int = 10) -> list:
     """Seconds per `record_steps` steps of the demo's CNN, for `seconds`."""
-    from nbtrain import datasets
-    from nbtrain.demo import BATCH_SIZE, demo_cnn
+    from nbtrain.data import datasets
+    from nbtrain.tools.demo import BATCH_SIZE, demo_cnn
     x, y = datasets.digits("train")
     xb, yb = x[:BATCH_SIZE], y[:BATCH_SIZE]
     model = demo_cnn()
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from nbtrain.flops import machine_line
+    from nbtrain.machine import machine_line
     print(machine_line())
     times = timeline(args.seconds)
     record = statistics.median(times)

@@ -16,7 +16,7 @@ import time
 
 import torch
 from torch import nn
-from nbtrain.flops import machine_line
+from nbtrain.machine import machine_line
 
 
 def model():
@@ -28,7 +28,7 @@ def model():
 
 
 def measure(setting) -> dict:
-    from nbtrain.memory import checkpointed_forward, saved_for_backward_bytes
+    from nbtrain.auto.memory import checkpointed_forward, saved_for_backward_bytes
     net = model()
     forward = checkpointed_forward(net, setting) if setting else net
     x = torch.randn(512, 1024)

@@ -26,8 +26,9 @@ from torch import nn
 from torch.nn import functional as F
 
 import nbtrain as nt
-from nbtrain.flops import machine_line
-from nbtrain.flops import cpu_model, percent
+from nbtrain.machine import machine_line
+from nbtrain.machine import cpu_model
+from nbtrain.auto.flops import percent
 
 CASES = {
     "one matmul": dict(make=lambda: nn.Linear(1024, 1024), inputs=(4096, 1024),

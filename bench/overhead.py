@@ -25,8 +25,8 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import nbtrain as nt
-from nbtrain.flops import machine_line
-from nbtrain.demo import PLAIN, digits_cnn
+from nbtrain.machine import machine_line
+from nbtrain.tools.demo import PLAIN, digits_cnn
 from rounds import interleaved, paired   # bench/rounds.py: the order rotates each round
 
 

@@ -30,8 +30,8 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import nbtrain as nt
-from nbtrain.demo import digits_cnn
-from nbtrain.flops import machine_line
+from nbtrain.tools.demo import digits_cnn
+from nbtrain.machine import machine_line
 from real_models import Images   # the per-sample Dataset a first custom one is (bench/)
 from rounds import interleaved, paired   # bench/rounds.py: the order rotates each round
 

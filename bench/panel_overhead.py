@@ -25,10 +25,10 @@ from torch import nn
 from torch.nn import functional as F
 
 import nbtrain as nt
-from nbtrain.flops import machine_line
-from nbtrain.dashboard import Dashboard
-from nbtrain.demo import digits_cnn
-from nbtrain.panel import Panel
+from nbtrain.machine import machine_line
+from nbtrain.views.dashboard import Dashboard
+from nbtrain.tools.demo import digits_cnn
+from nbtrain.ui.panel import Panel
 
 TARGET = 1.05
 

@@ -21,8 +21,8 @@ from torch import nn
 from torch.nn import functional as F
 
 import nbtrain as nt
-from nbtrain.flops import machine_line
-from nbtrain.devices import available_cores
+from nbtrain.machine import machine_line
+from nbtrain.machine import available_cores
 
 
 def cnn() -> nn.Module:

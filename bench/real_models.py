@@ -25,7 +25,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
 import nbtrain as nt
-from nbtrain.flops import machine_line
+from nbtrain.machine import machine_line
 from nbtrain.data import available_cores
 from rounds import interleaved   # bench/rounds.py
 

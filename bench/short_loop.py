@@ -80,7 +80,7 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args(argv)
-    from nbtrain.flops import machine_line
+    from nbtrain.machine import machine_line
     times = interleaved(list(WAYS), args.rounds, lambda way: one_run(way, args.steps))
     base = times["as written"]
     print(machine_line())

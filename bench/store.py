@@ -32,8 +32,8 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import nbtrain as nt
-from nbtrain import store
-from nbtrain.flops import machine_line
+from nbtrain.runstore import write as store
+from nbtrain.machine import machine_line
 from rounds import interleaved, paired   # bench/rounds.py: the order rotates each round
 
 

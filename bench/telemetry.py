@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import nbtrain as nt
-from nbtrain.flops import machine_line
+from nbtrain.machine import machine_line
 
 
 def epoch_time(x, y, **overrides) -> float:

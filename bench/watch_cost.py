@@ -29,7 +29,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import nbtrain as nt
-from nbtrain.flops import machine_line
+from nbtrain.machine import machine_line
 from rounds import interleaved   # bench/rounds.py
 
 

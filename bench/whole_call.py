@@ -28,8 +28,8 @@ from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.dirname(__file__))
 import nbtrain as nt   # noqa: E402
-from nbtrain.demo import digits_cnn   # noqa: E402
-from nbtrain.flops import machine_line   # noqa: E402
+from nbtrain.tools.demo import digits_cnn   # noqa: E402
+from nbtrain.machine import machine_line   # noqa: E402
 from real_models import Images, Tokens, bert   # noqa: E402
 from rounds import interleaved, paired   # noqa: E402  (bench/rounds.py)
 

@@ -174,8 +174,8 @@ class CpuShare:
 
 def machine_metadata(load: float, others: float) -> dict:
     import torch
-    from nbtrain.devices import cpu_bf16_feature
-    from nbtrain.flops import cpu_model
+    from nbtrain.machine import cpu_bf16_feature
+    from nbtrain.machine import cpu_model
     return {"cpu": cpu_model(), "cores": cores(), "bf16": cpu_bf16_feature() or "none",
             "torch": torch.__version__, "load_average": round(load, 2),
             "others_busy": round(others, 2),

@@ -4,7 +4,7 @@ import sys
 import tempfile
 from collections.abc import Mapping
 
-# Every run is stored (nbtrain.store): the suite's go to a folder of its own, never to
+# Every run is stored (nbtrain.runstore.write): the suite's go to a folder of its own, never to
 # ~/.nbtrain. Subprocesses, ranks and the notebooks' kernels inherit it: pytest loads this
 # file before it collects anything, testpaths' notebooks/ included (a conftest.py there
 # would shadow this one for `from conftest import ...`).
@@ -65,12 +65,12 @@ def bf16_cpu(monkeypatch):
     takes the bf16 path, its probes included, in this process and in the ranks (the
     NBTRAIN_ variables travel with a run's payload), so what breaks a bf16 machine fails
     CI too, and no choice depends on a timing."""
-    from nbtrain import devices
+    from nbtrain import machine
     monkeypatch.setenv("NBTRAIN_CPU_BF16", "avx512_bf16")
     monkeypatch.setenv("NBTRAIN_BF16_GAIN", "1.5")
-    devices.cpu_bf16_feature.cache_clear()
+    machine.cpu_bf16_feature.cache_clear()
     yield
-    devices.cpu_bf16_feature.cache_clear()   # the next call reads the environment put back
+    machine.cpu_bf16_feature.cache_clear()   # the next call reads the environment put back
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import torch
 from torch.nn import functional as F
 
 import nbtrain as nt
-from nbtrain import probe
+from nbtrain.auto import workers as probe
 
 from conftest import mlp, quick
 

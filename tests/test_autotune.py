@@ -10,9 +10,9 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import nbtrain as nt
-from nbtrain.autotune import autotune, candidate_settings, search, search_space
+from nbtrain.tools.autotune import autotune, candidate_settings, search, search_space
 
-at = importlib.import_module("nbtrain.autotune")   # the module: nt.autotune is the function
+at = importlib.import_module("nbtrain.tools.autotune")   # the module: nt.autotune is the function
 
 from conftest import mlp
 

@@ -15,7 +15,7 @@
 - `nt.Dashboard(run, live="static")` in a blocking fit: the saved notebook, reopened, shows
   the plain Plotly figure (JupyterLab's own Plotly renderer, no widget) ending at the run's
   last step.
-- tests/browser/fasttrain_panel.ipynb runs `%%fasttrain --panel` in the same way: the
+- tests/browser/fasttrain_panel.ipynb runs `%%fasttrain --dashboard` in the same way: the
   dashboard's throughput, memory and LR charts must fill while the blocking cell still
   runs, and the cell's output must end with the summary table of a finished run.
 - tests/browser/own_loop_dashboard.ipynb runs `%%fasttrain --dashboard` on a cell with a
@@ -531,7 +531,7 @@ def test_panel_with_two_processes_draws_live_and_stop_ends_every_rank(lab, page)
 
 
 STATIC_CELLS = [
-    "import torch\nimport nbtrain as nt\nfrom nbtrain.demo import digits_cnn\n"
+    "import torch\nimport nbtrain as nt\nfrom nbtrain.tools.demo import digits_cnn\n"
     "torch.set_num_threads(1)\nx, y = nt.datasets.digits('train')",
     "config = nt.TrainConfig(device='cpu', amp='off', max_steps=60, log_every=2, batch_size=64)\n"
     "run = nt.fit(digits_cnn(), (x, y), torch.nn.functional.cross_entropy, config=config,\n"

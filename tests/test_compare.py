@@ -7,8 +7,8 @@ import torch
 from torch.nn import functional as F
 
 import nbtrain as nt
-from nbtrain.compare import COLUMNS, Comparison
-from nbtrain.compare import compare as compare_runs
+from nbtrain.tools.compare import COLUMNS, Comparison
+from nbtrain.tools.compare import compare as compare_runs
 
 from conftest import mlp, quick
 
@@ -152,7 +152,7 @@ def test_without_plotly_the_table_still_shows_and_says_how_to_get_charts(blobs, 
     import IPython.display
     shown = []
     monkeypatch.setattr(IPython.display, "display", lambda obj, **kw: shown.append(obj))
-    monkeypatch.setattr(sys.modules["nbtrain.display"], "_warned_plotly", False)
+    monkeypatch.setattr(sys.modules["nbtrain.views.display"], "_warned_plotly", False)
     monkeypatch.setitem(sys.modules, "plotly.io", None)   # import plotly.io -> ImportError
     cmp = compare(mlp, blobs, F.cross_entropy, configs={"a": {}}, base=quick(max_steps=5))
     with pytest.warns(UserWarning, match="pip install plotly"):
@@ -167,7 +167,7 @@ def test_plateau_trains_with_val_data_after_a_warm_up_that_validates_nothing(blo
 
 
 def test_the_table_says_how_many_seeds_its_figures_are_over():
-    from nbtrain.compare import Comparison
+    from nbtrain.tools.compare import Comparison
 
     class Done:   # what row_of reads of a finished run is not needed for the footer
         pass

@@ -306,7 +306,7 @@ def test_a_record_shows_the_lr_its_steps_ran_with(blobs):
 def test_ctrl_c_while_fit_measures_its_settings_returns_an_interrupted_run(blobs, monkeypatch):
     """The first fit on a machine measures for seconds before step 1 (threads, workers,
     bf16, FLOPs): a press then ends it as one during training does, nothing trained."""
-    from nbtrain import prepare
+    from nbtrain.train import prepare
 
     def press_while_measuring(run, setup, model, key):
         os.kill(os.getpid(), signal.SIGINT)
@@ -341,7 +341,8 @@ def test_ctrl_c_in_a_tool_ends_it_with_what_it_has(tool, blobs, monkeypatch):
 def test_a_setup_that_takes_a_second_says_what_it_measures(blobs, monkeypatch, capsys):
     """fit(progress=True): after a second of setup a line names what is measured (tqdm
     writes it to stderr outside a notebook); it is gone when training starts."""
-    from nbtrain import prepare, progress
+    from nbtrain.train import prepare
+    from nbtrain.views import progress
     monkeypatch.setattr(progress, "SETUP_LINE_EVERY_S", 0.05)
     settle = prepare.settle_workers_and_threads
 
@@ -358,7 +359,7 @@ def test_a_setup_that_takes_a_second_says_what_it_measures(blobs, monkeypatch, c
 
 
 def test_the_setup_line_ends_with_a_ctrl_c_during_setup(blobs, monkeypatch):
-    from nbtrain import prepare
+    from nbtrain.train import prepare
 
     def press_while_measuring(run, setup, model, key):
         time.sleep(1.2)   # the line is up

@@ -8,7 +8,7 @@ from torch.nn import functional as F
 import nbtrain as nt
 from nbtrain.config import TrainConfig
 from nbtrain.data import make_batches
-from nbtrain.profiling import host_syncs_per_step
+from nbtrain.tools.profiling import host_syncs_per_step
 
 from conftest import mlp, quick
 
@@ -113,10 +113,10 @@ def test_records_time_the_copy_and_read_the_allocator(blobs):
 
 def test_nvml_reads_the_gpu_this_process_uses():
     pytest.importorskip("pynvml")
-    from nbtrain import telemetry
+    from nbtrain.telemetry import sampling, timers as telemetry
     device = torch.device("cuda", torch.cuda.current_device())
     block = torch.empty(256 * 2**20, dtype=torch.uint8, device=device)   # 256 MiB held here
-    fields = telemetry.nvml_fields(device)
+    fields = sampling.nvml_fields(device)
     assert fields["nvml_used_mb"] >= torch.cuda.memory_reserved(device) / 2**20
     assert fields["nvml_total_mb"] * 2**20 == pytest.approx(
         torch.cuda.get_device_properties(device).total_memory, rel=0.05)
@@ -233,7 +233,7 @@ def test_release_frees_the_memory_of_the_runs_device(blobs):
 
 
 def test_max_batch_size_keeps_room_for_the_optimizers_state():
-    from nbtrain.memory import room_to_keep
+    from nbtrain.auto.memory import room_to_keep
     model, data = nn.Linear(1024, 1024), (torch.randn(64, 1024), torch.randint(0, 1024, (64,)))
     cfg = gpu(data_on_device=False)
     assert room_to_keep(model.cuda(), cfg, data, torch.device("cuda", 0)) == 2 * 4 * (1024 * 1024 + 1024)
@@ -241,7 +241,7 @@ def test_max_batch_size_keeps_room_for_the_optimizers_state():
 
 
 def test_auto_processes_with_one_gpu_named_is_one_process():
-    from nbtrain import distributed
+    from nbtrain.parallel import processes as distributed
     from nbtrain.run import Run
     run = Run(TrainConfig(processes="auto", device="cuda:0"))
     assert distributed.resolve_processes(run) == 1
@@ -353,10 +353,11 @@ def test_the_watchs_fp16_with_a_fused_optimizer_does_not_sync_per_step_and_unfus
 @pytest.fixture
 def nothing_measured(monkeypatch, tmp_path):
     """No bf16 gain known: none in this process, none on a disk cache of the test's own."""
-    from nbtrain import devices
+    from nbtrain.auto import precision
+    from nbtrain.machine import gpu_has_bf16
     monkeypatch.setenv("NBTRAIN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(devices, "_BF16_GAINS", {})
-    if not devices.gpu_has_bf16(torch.device("cuda")):
+    monkeypatch.setattr(precision, "_BF16_GAINS", {})
+    if not gpu_has_bf16(torch.device("cuda")):
         pytest.skip("needs a GPU with native bf16")
 
 

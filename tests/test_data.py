@@ -415,7 +415,7 @@ class ThreadsSeen(nn.Linear):
 @pytest.mark.parametrize("workers, asked, during", [(2, "auto", 2), (0, "auto", 3), (0, 2, 2)])
 def test_training_threads_leave_the_cores_to_workers(monkeypatch, torch_threads,
                                                      workers, asked, during):
-    monkeypatch.setattr("nbtrain.devices.available_cores", lambda: 4)
+    monkeypatch.setattr("nbtrain.auto.devices.available_cores", lambda: 4)
     model = ThreadsSeen()
     run = nt.fit(model, Squares(), F.mse_loss, progress=False,
                  config=quick(max_steps=3, num_workers=workers, num_threads=asked,

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import nbtrain
-from nbtrain import demo, probe
-from nbtrain.demo import Line, Row, lines_of, more_rounds, paired_ratio, spread, verdict
+from nbtrain.tools import demo, demo_text
+from nbtrain.auto import budget, workers as probe
+from nbtrain.tools.demo import Line, Row, lines_of, more_rounds, paired_ratio, spread, verdict
 
 
 def changed_fields(configs):
@@ -45,9 +46,9 @@ def test_the_rows_follow_the_article_data_path_then_precision_then_the_optimizer
 
 def test_the_runs_are_long_enough_for_the_threads_probe_to_measure():
     """'+ measured threads' is true only if its run is long enough that "auto" measures."""
-    x, _ = nbtrain.datasets.digits("train")
+    x, _ = nbtrain.data.datasets.digits("train")
     planned = demo.EPOCHS * math.ceil(len(x) / demo.BATCH_SIZE)
-    assert planned * probe.BUDGET_SHARE >= probe._fewest_steps([(0, 1), (0, 2)])
+    assert planned * budget.SHARE >= probe._fewest_steps([(0, 1), (0, 2)])
 
 
 def test_the_median_interval_is_the_binomial_order_statistics():
@@ -212,7 +213,7 @@ def test_the_table_says_what_each_row_brought_from_given_figures():
     assert lines[1].why.startswith("loading (the data wait) was 1% of the 13.0 ms step above; "
                                    "batched fetch pays where loading is a large share")
     assert "(here: batched_fetch=True)" in lines[1].why and lines[4].why == ""
-    table = demo.comparison_table(lines)
+    table = demo_text.comparison_table(lines)
     assert "under 10%" in table and "1.12x faster" in table and "-" in table
     # the ratio comes with its interval: the 2nd and 8th of 9 per-round ratios
     assert (lines[4].low, lines[4].high) == pytest.approx((5200 / 4650, 5000 / 4450))
@@ -223,7 +224,7 @@ def test_the_table_says_what_each_row_brought_from_given_figures():
 def test_every_row_shows_what_its_toggle_resolved_to_and_why():
     fetched = dict(PLAIN_SETTINGS, batched_fetch=True)
     rows = rows_of([[1], [1], [1], [1], [1]], [PLAIN_SETTINGS] + [fetched] * 4)
-    text = demo.resolved_table(rows)
+    text = demo_text.resolved_table(rows)
     assert "+ measured threads" in text and "num_threads=2" in text and "why num_threads" in text
     assert "optimizer_impl=for-loop" in text and "amp=off" in text
 
@@ -231,14 +232,14 @@ def test_every_row_shows_what_its_toggle_resolved_to_and_why():
 def test_the_own_loop_line_gives_the_ratio_and_what_the_watch_applied():
     own = dict(as_written_ms=14.0, watched_ms=12.6, ratio=0.9, low=0.88, high=0.93, rounds=3,
                epochs=4, applied={"batched_fetch": True, "optimizer_impl": "fused"})
-    text = demo.own_loop_text(own)
+    text = demo_text.own_loop_text(own)
     assert "as written 14.00 ms/step, under nt.watch() 12.60 ms/step: 0.90x the time" in text
     assert "batched_fetch=True, optimizer_impl=fused" in text
-    assert demo.own_loop_text(dict(own, applied={})).endswith("the watch applied nothing")
+    assert demo_text.own_loop_text(dict(own, applied={})).endswith("the watch applied nothing")
 
 
 def test_a_timing_run_replays_what_the_full_run_resolved_so_it_measures_nothing(tmp_path):
-    x, y = nbtrain.datasets.digits("train")
+    x, y = nbtrain.data.datasets.digits("train")
     config = nbtrain.TrainConfig(epochs=1, batch_size=64, store=False)
     row = Row("+ fused optimizer", demo.OPTIMIZER, nbtrain.fit(
         demo.demo_cnn(), (x[:256], y[:256]), torch.nn.functional.cross_entropy,

@@ -86,7 +86,7 @@ def test_example_runs(page, code, tmp_path, monkeypatch):
 def shell():
     ip = InteractiveShell.instance()
     yield ip
-    from nbtrain import magic
+    from nbtrain.ui import magic
     if "nbtrain" in ip.extension_manager.loaded:
         ip.run_line_magic("unload_ext", "nbtrain")
     magic.unload_ipython_extension(ip)

@@ -10,7 +10,8 @@ from torch import nn
 from torch.nn import functional as F
 
 import nbtrain as nt
-from nbtrain.optim import param_groups
+from nbtrain import machine
+from nbtrain.train.optim import param_groups
 
 from conftest import mlp, quick
 
@@ -41,7 +42,7 @@ def test_autocast_really_runs_matmuls_in_the_asked_precision(blobs, amp, dtype):
 
 
 def test_amp_auto_measures_bf16_on_a_cpu_that_has_it():
-    from nbtrain.devices import cpu_bf16_feature
+    from nbtrain.machine import cpu_bf16_feature
     model = nn.Sequential(nn.Dropout(0.5), nn.BatchNorm1d(8), nn.Linear(8, 3))
     run = nt.fit(model, (torch.randn(64, 8), torch.randint(0, 3, (64,))), F.cross_entropy,
                  config=quick(amp="auto", max_steps=1, seed=7), progress=False)
@@ -54,7 +55,7 @@ def test_amp_auto_measures_bf16_on_a_cpu_that_has_it():
 
 
 def test_the_bf16_measurement_leaves_no_trace():
-    from nbtrain.prepare import Setup, probe_step
+    from nbtrain.train.prepare import Setup, probe_step
     from nbtrain.data.batches import TensorBatches
     torch.manual_seed(0)
     model = nn.Sequential(nn.Dropout(0.5), nn.BatchNorm1d(8), nn.Linear(8, 3))
@@ -74,10 +75,10 @@ class TimedSteps:
     depend on this machine."""
 
     def __init__(self, monkeypatch, fp32_s, bf16_s):
-        from nbtrain import devices
+        from nbtrain.auto import precision
         self.now, self.calls = 0.0, 0
         self.times = {"off": itertools.cycle(fp32_s), "bf16": itertools.cycle(bf16_s)}
-        monkeypatch.setattr(devices, "time", self)   # measure_bf16_speedup's perf_counter
+        monkeypatch.setattr(precision, "time", self)   # measure_bf16_speedup's perf_counter
 
     def perf_counter(self) -> float:
         return self.now
@@ -98,10 +99,10 @@ ONE_SLOW = ([3e-3] * 9, [2e-3] * 8 + [3.5e-3])
 def bf16_measured(bf16_cpu, monkeypatch, tmp_path):
     """A CPU with bf16 units whose gain is measured (not given), nothing remembered yet,
     on a disk cache of the test's own, at load 0.5."""
-    from nbtrain import devices
+    from nbtrain.auto import precision
     monkeypatch.delenv("NBTRAIN_BF16_GAIN")
     monkeypatch.setenv("NBTRAIN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(devices, "_BF16_GAINS", {})
+    monkeypatch.setattr(precision, "_BF16_GAINS", {})
     monkeypatch.setattr(os, "getloadavg", lambda: (0.5, 0.5, 0.5))
     return tmp_path
 
@@ -114,17 +115,17 @@ def bf16_measured(bf16_cpu, monkeypatch, tmp_path):
 ])
 def test_the_bf16_probe_decides_only_beyond_the_noise_of_its_blocks(
         monkeypatch, fp32, bf16, decisive, faster):
-    from nbtrain.devices import measure_bf16_speedup
-    from nbtrain.prepare import BF16_PROBE_STEPS
+    from nbtrain.auto.precision import measure_bf16_speedup
+    from nbtrain.train.prepare import BF16_PROBE_STEPS
     step = TimedSteps(monkeypatch, fp32, bf16)
-    gain, measured_decisive = measure_bf16_speedup(step)
-    assert measured_decisive is decisive and (gain > 1) is faster
+    verdict = measure_bf16_speedup(step)
+    assert verdict.decisive is decisive and (verdict.gain > 1) is faster
     # prepare lets it run where its steps are at most 5% of the run: the demo's 368 steps
     assert step.calls == BF16_PROBE_STEPS <= 0.05 * 368
 
 
 def test_an_undecided_bf16_gain_keeps_fp32_and_is_measured_again(bf16_measured, monkeypatch):
-    from nbtrain.devices import bf16_choice, known_bf16_gain
+    from nbtrain.auto.precision import bf16_choice, known_bf16_gain
     step = TimedSteps(monkeypatch, *MIXED)
     amp, why = bf16_choice(step, key="mlp")
     assert amp == "off" and "within the noise of the steps: fp32" in why, why
@@ -135,29 +136,29 @@ def test_an_undecided_bf16_gain_keeps_fp32_and_is_measured_again(bf16_measured, 
 
 def test_a_decided_bf16_gain_is_kept_with_the_load_it_was_measured_under(bf16_measured,
                                                                           monkeypatch):
-    from nbtrain import devices
+    from nbtrain.auto import precision
     step = TimedSteps(monkeypatch, [4e-3], [2e-3])
-    assert devices.bf16_choice(step, key="cnn") == (
+    assert precision.bf16_choice(step, key="cnn") == (
         "bf16", "CPU has avx512_bf16; measured 2.00x faster than fp32 on this model")
     [kept] = bf16_measured.rglob("*.json")
     assert json.loads(kept.read_text())["load"] == 0.5
-    monkeypatch.setattr(devices, "_BF16_GAINS", {})   # another process: from the disk
-    amp, why = devices.bf16_choice(step, key="cnn")
+    monkeypatch.setattr(precision, "_BF16_GAINS", {})   # another process: from the disk
+    amp, why = precision.bf16_choice(step, key="cnn")
     assert amp == "bf16" and "measured (earlier, on this machine) 2.00x" in why
     assert step.calls == 18
-    monkeypatch.setattr(devices, "load_change_that_counts", lambda: 1.0)   # as on 2 cores
+    monkeypatch.setattr(machine, "load_change_that_counts", lambda: 1.0)   # as on 2 cores
     monkeypatch.setattr(os, "getloadavg", lambda: (1.6, 1.6, 1.6))   # a busier machine now
-    assert devices.known_bf16_gain("cnn") == (None, "")
-    devices.bf16_choice(step, key="cnn")
+    assert precision.known_bf16_gain("cnn") == (None, "")
+    precision.bf16_choice(step, key="cnn")
     assert step.calls == 2 * 18
 
 
 def test_a_bf16_gain_kept_without_its_load_is_measured_again(bf16_measured):
-    from nbtrain import devices
-    kept = devices._gain_file("cnn")   # as written before gains carried their load
+    from nbtrain.auto import precision
+    kept = precision._gain_file("cnn")   # as written before gains carried their load
     kept.parent.mkdir(parents=True)
     kept.write_text(json.dumps({"gain": 0.52, "key": "'cnn'"}))
-    assert devices.known_bf16_gain("cnn") == (None, "")
+    assert precision.known_bf16_gain("cnn") == (None, "")
 
 
 def test_fp16_uses_a_grad_scaler(blobs):
@@ -340,7 +341,7 @@ def test_validation_runs_the_model_once_per_batch_without_a_loss_fn(blobs):
 @pytest.mark.parametrize("capability, auto", [((7, 5), "fp16"), ((8, 0), "bf16")])
 def test_gpu_amp_counts_only_native_bf16(monkeypatch, capability, auto):
     # torch.cuda.is_bf16_supported() says yes on a T4 (7.5), where bf16 is emulated and slow
-    from nbtrain.devices import resolve_amp
+    from nbtrain.auto.precision import resolve_amp
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
@@ -356,13 +357,13 @@ def test_gpu_amp_counts_only_native_bf16(monkeypatch, capability, auto):
 
 @pytest.mark.parametrize("version, impl", [("2.6.0+cu124", "foreach"), ("2.11.0+cu130", "fused")])
 def test_fused_adagrad_on_cuda_only_where_torch_has_the_kernel(monkeypatch, version, impl):
-    from nbtrain.optim import resolve_impl
+    from nbtrain.train.optim import resolve_impl
     monkeypatch.setattr(torch, "__version__", version)
     assert resolve_impl(nt.TrainConfig(optimizer="adagrad"), torch.device("cuda", 0))[0] == impl
 
 
 def test_the_rank_test_counts_every_order_of_the_blocks():
-    from nbtrain.devices import _u_counts, blocks_decisive
+    from nbtrain.auto.precision import _u_counts, blocks_decisive
     assert _u_counts(3, 3) == (1, 1, 2, 3, 3, 3, 3, 2, 1, 1)      # 20 orders
     assert sum(_u_counts(8, 8)) == 12870                          # C(16, 8)
     fp32 = [1.0] * 8
@@ -381,14 +382,14 @@ def test_a_gpu_keeps_bf16_unless_it_measured_slower(bf16_measured, monkeypatch):
     """On a GPU bf16 is the device's default (tensor cores, half the activations' memory):
     a run too short to measure, or a measurement within the noise, keeps it; a decided
     loss turns it off."""
-    from nbtrain import devices
-    monkeypatch.setattr(devices, "bf16_units", lambda device: "GPU X has bf16 units")
+    from nbtrain.auto import precision
+    monkeypatch.setattr(precision, "bf16_units", lambda device: "GPU X has bf16 units")
     gpu = torch.device("cuda")
-    assert devices.bf16_choice(None, key="a", may_measure="run too short", device=gpu)[0] == "bf16"
-    assert devices.bf16_choice(TimedSteps(monkeypatch, *MIXED), key="b", device=gpu)[0] == "bf16"
-    assert devices.bf16_choice(TimedSteps(monkeypatch, [2e-3], [2.1e-3]), key="c",
+    assert precision.bf16_choice(None, key="a", may_measure="run too short", device=gpu)[0] == "bf16"
+    assert precision.bf16_choice(TimedSteps(monkeypatch, *MIXED), key="b", device=gpu)[0] == "bf16"
+    assert precision.bf16_choice(TimedSteps(monkeypatch, [2e-3], [2.1e-3]), key="c",
                                device=gpu) == ("off", "GPU X has bf16 units, but bf16 measured "
                                                "0.95x of fp32 speed on this model (slower)")
-    assert devices.bf16_choice(TimedSteps(monkeypatch, [2.1e-3], [2e-3]), key="d",
+    assert precision.bf16_choice(TimedSteps(monkeypatch, [2.1e-3], [2e-3]), key="d",
                                device=gpu)[0] == "bf16"   # 1.05x: on a CPU, too small
-    assert devices.bf16_choice(TimedSteps(monkeypatch, [2.1e-3], [2e-3]), key="e")[0] == "off"
+    assert precision.bf16_choice(TimedSteps(monkeypatch, [2.1e-3], [2e-3]), key="e")[0] == "off"

@@ -7,8 +7,8 @@ from torch import nn
 from torch.nn import functional as F
 
 import nbtrain as nt
-from nbtrain import flops
-from nbtrain.diagnosis import diagnose
+from nbtrain.auto import flops
+from nbtrain.auto.diagnosis import diagnose
 from nbtrain.run import merge
 
 from conftest import mlp, quick
@@ -192,7 +192,7 @@ def test_merged_records_keep_the_flops_rate_of_their_time():
 
 def test_the_dashboard_table_shows_the_last_mfu(blobs, monkeypatch):
     pytest.importorskip("plotly")
-    from nbtrain import dashboard
+    from nbtrain.views import dashboard
     monkeypatch.setattr(flops, "peak_tflops", lambda device, prec, threads: (1e-3, "a test peak"))
     run = nt.fit(mlp(), blobs, F.cross_entropy, config=quick(max_steps=10), progress=False)
     slot = dashboard.Slot("a", "#000", run, dashboard.Decimated(dashboard.TRAIN_FIELDS),
@@ -219,7 +219,7 @@ def test_a_rerun_with_the_same_model_and_batch_shape_is_not_counted_again(blobs,
 def test_a_cpu_running_fp32_matmuls_in_bf16_is_measured_against_its_bf16_peak(monkeypatch):
     """set_float32_matmul_precision('medium') makes oneDNN compute fp32 matmuls in bf16 on
     a CPU with bf16 units: MFU is then read against the bf16 peak."""
-    from nbtrain import flops
+    from nbtrain.auto import flops
     cpu = torch.device("cpu")
     monkeypatch.setattr(flops, "cpu_bf16_feature", lambda: "avx512_bf16")
     before = torch.get_float32_matmul_precision()

@@ -93,7 +93,7 @@ def load_bench(name, monkeypatch):
 
 def test_the_fp32_math_of_a_precision_case_is_put_back(monkeypatch):
     mfu = load_bench("gpu_mfu", monkeypatch)
-    from nbtrain.flops import _fp32_runs_tf32
+    from nbtrain.auto.flops import _fp32_runs_tf32
     before = (_fp32_runs_tf32("matmul"), _fp32_runs_tf32("conv"))
     with mfu.fp32_math(True):
         assert _fp32_runs_tf32("matmul") and _fp32_runs_tf32("conv")

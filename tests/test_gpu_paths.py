@@ -14,7 +14,11 @@ from torch import nn
 from torch.nn import functional as F
 
 import nbtrain as nt
-from nbtrain import diagnosis, distributed, flops, memory, prepare, telemetry
+from nbtrain.auto import diagnosis, flops, memory
+from nbtrain.parallel import processes as distributed
+from nbtrain.parallel import ranks
+from nbtrain.train import prepare
+from nbtrain.telemetry import sampling, timers as telemetry
 from nbtrain.config import TrainConfig
 from nbtrain.data import first_batch, make_batches, make_mover
 from nbtrain.data.batches import TensorBatches
@@ -48,8 +52,9 @@ class Gpu:
         monkeypatch.setattr(torch.cuda, "Event", Event)
         monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "compute")
         monkeypatch.setattr(telemetry, "time", SimpleNamespace(perf_counter=lambda: self.host))
-        monkeypatch.setattr(telemetry, "allocator_fields", lambda device: {})
-        monkeypatch.setattr(telemetry, "nvml_fields", lambda device: {})
+        monkeypatch.setattr(sampling, "time", SimpleNamespace(perf_counter=lambda: self.host))
+        monkeypatch.setattr(sampling, "allocator_fields", lambda device: {})
+        monkeypatch.setattr(sampling, "nvml_fields", lambda device: {})
 
     def at(self, ms: float) -> None:
         self.t = ms
@@ -269,9 +274,9 @@ def rank_until(monkeypatch, log, cfg, join=None, new_group=None):
     monkeypatch.setattr(distributed, "_share_cores", lambda cfg, world: 1)
     if new_group is not None:
         monkeypatch.setattr(distributed.dist, "new_group", new_group)
-    blob = distributed.pack(dict(config=cfg, timeout_s=42.0, env={}))
+    blob = ranks.pack(dict(config=cfg, timeout_s=42.0, env={}))
     messages = SimpleNamespace(put=lambda message: log.append(message[0]))
-    return distributed.run_rank(1, 2, blob, messages, None, join)
+    return ranks.run_rank(1, 2, blob, messages, None, join)
 
 
 def test_a_rank_sets_its_gpu_before_it_resolves_the_device(four_gpus, monkeypatch):
@@ -401,7 +406,7 @@ def test_allocator_fields_read_the_stats_once(monkeypatch):
         return stats
     monkeypatch.setattr(torch.cuda, "memory_stats", memory_stats)
     monkeypatch.setattr(torch.cuda.memory, "memory_stats", memory_stats)
-    fields = telemetry.allocator_fields(torch.device("cuda", 0))
+    fields = sampling.allocator_fields(torch.device("cuda", 0))
     assert fields == {"cuda_allocated_mb": 1.0, "cuda_reserved_mb": 3.0, "cuda_peak_allocated_mb": 4.0}
     assert len(calls) == 1
 
@@ -421,9 +426,9 @@ def test_nvml_finds_a_mig_instance_and_keeps_the_fields_it_reports(monkeypatch):
                            nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(used=2**20, total=2**30),
                            nvmlDeviceGetUtilizationRates=unsupported, nvmlDeviceGetPowerUsage=unsupported)
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    monkeypatch.setattr(telemetry, "_nvml_handles", {})
+    monkeypatch.setattr(sampling, "_nvml_handles", {})
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid="0b1c"))
-    fields = telemetry.nvml_fields(torch.device("cuda", 0))
+    fields = sampling.nvml_fields(torch.device("cuda", 0))
     assert fields == {"nvml_used_mb": 1.0, "nvml_total_mb": 1024.0}
 
 

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, Dataset
 import nbtrain as nt
 from nbtrain.data import describe_bad_sample, make_mover
 from nbtrain.data.nested import batch_len, tensors
-from nbtrain.losses import outputs_and_loss
+from nbtrain.auto.losses import outputs_and_loss
 
 from conftest import quick
 
@@ -237,7 +237,7 @@ def test_gpt2_trains_on_dict_samples_through_nbtrains_own_loader(hf):
 
 def test_fasttrain_trains_bert_on_padded_dict_batches(hf, tokenizer):
     from IPython.core.interactiveshell import InteractiveShell
-    from nbtrain import magic
+    from nbtrain.ui import magic
     ip = InteractiveShell.instance()
     magic.load_ipython_extension(ip)
     train, val = padded_loaders(hf, tokenizer)
@@ -259,7 +259,7 @@ def test_fasttrain_trains_bert_on_padded_dict_batches(hf, tokenizer):
 
 def test_the_bf16_probes_key_holds_a_mapping_samples_shapes():
     from nbtrain.data import make_batches
-    from nbtrain.prepare import input_shapes
+    from nbtrain.train.prepare import input_shapes
     resolved = {}
     batches = make_batches(DictSamples(), quick(num_workers=0), torch.device("cpu"), resolved)
     shapes, batch_size = input_shapes(batches)

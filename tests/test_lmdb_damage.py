@@ -18,7 +18,7 @@ from torch.utils.data import TensorDataset
 from nbtrain.data import lmdb as nlmdb
 from nbtrain.data.errors import CorruptRecordError
 from nbtrain.data.lmdb import LMDBDataset, encode, pack_lmdb
-from nbtrain.datasets import digits
+from nbtrain.data.datasets import digits
 
 SEED = 29
 COPIES = {"flip": 60, "truncate": 30, "zero": 30}   # 120 damaged copies, as in the issue

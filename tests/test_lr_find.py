@@ -8,7 +8,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import nbtrain as nt
-from nbtrain.lr_find import lr_find, smooth_curve, suggest_lr
+from nbtrain.tools.lr_find import lr_find, smooth_curve, suggest_lr
 
 
 @pytest.fixture(scope="module")

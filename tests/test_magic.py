@@ -17,7 +17,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from torch import nn
 
 import nbtrain
-from nbtrain import magic
+from nbtrain.ui import magic
 from nbtrain.config import FIELD_NAMES, SETTINGS, ConfigError, TrainConfig
 
 CELL = """
@@ -281,7 +281,7 @@ def test_option_values_expand_python_variables(ip, calls):
     assert calls[0]["config"].max_steps == 9 and calls[0]["config"].lr == 0.02
 
 
-# -- --config, --out, --background, --panel -------------------------------------------------
+# -- --config, --out, --background, --dashboard ----------------------------------------------
 
 def test_config_is_the_base_and_only_given_options_override_it(ip, calls):
     base = TrainConfig(optimizer="sgd", lr=0.1, epochs=5, momentum=0.5)
@@ -321,7 +321,7 @@ def test_background_puts_the_run_in_the_namespace_at_once(ip, calls, capsys):
 
 
 def test_dashboard_falls_back_to_the_progress_bar(ip, calls, capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "nbtrain.dashboard", None)   # import fails
+    monkeypatch.setitem(sys.modules, "nbtrain.views.dashboard", None)   # import fails
     ip.run_cell(f"%%fasttrain --dashboard\n{CELL}")
     assert calls[0]["progress"] == "auto"
     out = capsys.readouterr().out
@@ -329,13 +329,12 @@ def test_dashboard_falls_back_to_the_progress_bar(ip, calls, capsys, monkeypatch
     assert "SUMMARY TABLE" in out
 
 
-def test_dashboard_and_its_old_name_panel_hand_the_dashboard_to_fit(ip, calls, capsys, monkeypatch):
-    module = types.ModuleType("nbtrain.dashboard")
+def test_dashboard_hands_the_dashboard_to_fit(ip, calls, capsys, monkeypatch):
+    module = types.ModuleType("nbtrain.views.dashboard")
     module.Dashboard = type("Dashboard", (), {})
-    monkeypatch.setitem(sys.modules, "nbtrain.dashboard", module)
-    ip.run_cell(f"%%fasttrain --panel\n{CELL}")
+    monkeypatch.setitem(sys.modules, "nbtrain.views.dashboard", module)
     ip.run_cell(f"%%fasttrain --dashboard\n{CELL}")
-    assert calls[0]["progress"] is calls[1]["progress"] is module.Dashboard
+    assert calls[0]["progress"] is module.Dashboard
     assert "needs plotly" not in capsys.readouterr().out
 
 

@@ -8,7 +8,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import nbtrain as nt
-from nbtrain.memory import leaves_no_trace, release
+from nbtrain.auto.memory import leaves_no_trace, release
 
 from conftest import mlp, quick
 

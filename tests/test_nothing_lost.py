@@ -13,7 +13,7 @@ from torch.nn import functional as F
 
 import nbtrain as nt
 from nbtrain import checkpoint as ckpt
-from nbtrain import failure
+from nbtrain.train import failure
 
 from conftest import EndsOnce, Samples, mlp, quick, same_state
 

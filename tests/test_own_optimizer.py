@@ -13,9 +13,9 @@ from IPython.core.interactiveshell import InteractiveShell
 from torch.nn import functional as F
 
 import nbtrain as nt
-from nbtrain import magic
+from nbtrain.ui import magic
 from nbtrain.config import ConfigError
-from nbtrain.schedule import Schedule
+from nbtrain.train.schedule import Schedule
 
 from conftest import mlp, quick
 
@@ -224,7 +224,7 @@ def test_the_panels_optimizer_and_schedule_dropdowns_hold_your_own(blobs):
     pytest.importorskip("ipywidgets")
     pytest.importorskip("anywidget")
     pytest.importorskip("plotly")
-    from nbtrain.panel import Panel
+    from nbtrain.ui.panel import Panel
     panel = Panel(mlp(), blobs, F.cross_entropy, config=mnist_style(max_steps=6))
     try:
         optimizer = panel.controls["optimizer"].widget
@@ -238,8 +238,8 @@ def test_the_panels_optimizer_and_schedule_dropdowns_hold_your_own(blobs):
 
 
 def test_the_dashboard_and_panel_name_your_own_optimizer_and_schedule():
-    from nbtrain.dashboard import _settings_text
-    from nbtrain.panel import _config_text
+    from nbtrain.views.dashboard import _settings_text
+    from nbtrain.ui.panel import _config_text
     cfg = nt.TrainConfig(optimizer=torch.optim.Adadelta, lr=1.0,
                          scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 10))
     run = nt.Run(cfg)

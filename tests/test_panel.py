@@ -24,8 +24,8 @@ pytest.importorskip("anywidget")
 pytest.importorskip("plotly")
 
 from nbtrain.config import FIELD_NAMES, GROUPS, SETTINGS  # noqa: E402
-from nbtrain.dashboard import Dashboard, Decimated, log_axis, planned_lr  # noqa: E402
-from nbtrain.panel import Panel  # noqa: E402
+from nbtrain.views.dashboard import Dashboard, Decimated, log_axis, planned_lr  # noqa: E402
+from nbtrain.ui.panel import Panel  # noqa: E402
 
 LONG = 1_000_000   # max_steps of runs that the test stops
 
@@ -469,7 +469,7 @@ def test_a_blocking_fit_outside_the_main_thread_is_stopped_by_message(digits):
 
 def test_the_kernel_id_comes_from_the_connection_file(monkeypatch):
     from ipykernel import connect
-    from nbtrain.stop_button import kernel_id
+    from nbtrain.views.stop_button import kernel_id
     monkeypatch.setattr(connect, "get_connection_file",
                         lambda: "/run/jupyter/kernel-1d2c-44ab.json")
     assert kernel_id() == "1d2c-44ab"
@@ -557,8 +557,8 @@ def test_nt_panel_and_dashboard_load_the_ui_only_when_used():
     code = ("import sys, nbtrain as nt\n"
             "ui = lambda: {'plotly', 'ipywidgets', 'anywidget'} & set(sys.modules)\n"
             "assert not ui(), f'import nbtrain loaded {ui()}'\n"
-            "assert nt.Panel.__module__ == 'nbtrain.panel'\n"
-            "assert nt.Dashboard.__module__ == 'nbtrain.dashboard'\n"
+            "assert nt.Panel.__module__ == 'nbtrain.ui.panel'\n"
+            "assert nt.Dashboard.__module__ == 'nbtrain.views.dashboard'\n"
             "assert not ui(), f'nt.Panel loaded {ui()} before a Panel was made'\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -110,7 +110,7 @@ loss_fn = nn.functional.mse_loss
 def test_fasttrain_trains_classes_defined_in_a_cell_with_two_processes(no_child_left):
     from IPython.core.interactiveshell import InteractiveShell
 
-    from nbtrain import magic
+    from nbtrain.ui import magic
     ip = InteractiveShell.instance()
     ip.push({"torch": torch, "nn": nn})
     magic.load_ipython_extension(ip)
@@ -181,9 +181,9 @@ def test_a_rank_that_raises_names_rank_batch_and_sample(no_child_left):
 
 
 def test_the_relay_sends_an_lr_set_before_it_started():
-    from nbtrain import distributed
+    from nbtrain.parallel import processes as distributed
     from nbtrain.run import Run
-    from nbtrain.schedule import Schedule
+    from nbtrain.train.schedule import Schedule
 
     class Requests:
         def __init__(self):
@@ -255,7 +255,7 @@ def test_a_rank_that_dies_is_named_and_the_other_is_not_waited_for(no_child_left
 
 
 def test_a_rank_that_hangs_is_caught_by_the_timeout(monkeypatch, no_child_left):
-    from nbtrain import distributed
+    from nbtrain.parallel import processes as distributed
     # rank 0 gives up waiting for rank 1 after 5 s; the notebook waits 10 s for any word:
     # rank 0's start, its probes and its 5 s wait fit in that on a loaded 2-core machine
     monkeypatch.setattr(distributed, "RANK_TIMEOUT_S", 5.0)
@@ -305,7 +305,7 @@ def test_without_ray_cluster_ray_says_how_to_install_when_the_run_starts(monkeyp
 
 def test_the_notebook_run_keeps_rank_0s_loss_scale_for_checkpoints_and_resume():
     """fp16 runs on CUDA only; the notebook's side of it is tested here without a GPU."""
-    from nbtrain import distributed
+    from nbtrain.parallel import processes as distributed
     from nbtrain.run import Run
     run = Run(nt.TrainConfig(processes=2, batch_size=8, epochs=1))
     distributed._prepare_here(run, mlp(), digits_like(), None, 2)

@@ -6,7 +6,7 @@ import torch
 from torch.nn import functional as F
 
 import nbtrain as nt
-from nbtrain.profiling import MATMUL, MOVEMENT, ELEMENTWISE, category
+from nbtrain.tools.profiling import MATMUL, MOVEMENT, ELEMENTWISE, category
 
 from conftest import mlp, quick
 

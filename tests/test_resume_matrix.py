@@ -17,7 +17,7 @@ from torch.nn import functional as F
 
 import nbtrain as nt
 from nbtrain import checkpoint as ckpt
-from nbtrain import prepare
+from nbtrain.train import prepare
 from nbtrain.config import FIELD_NAMES, SETTINGS
 from nbtrain.data import loader_batches
 from nbtrain.data.batches import LoaderBatches

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("plotly")
 pytest.importorskip("anywidget")
 
-from nbtrain import dashboard  # noqa: E402
+from nbtrain.views import dashboard  # noqa: E402
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 

@@ -1,4 +1,4 @@
-"""The run store (nbtrain.store) and the reporters (nbtrain.reporters): every run kept in
+"""The run store (nbtrain.runstore.write) and the reporters (nbtrain.runstore.reporters): every run kept in
 SQLite as it goes, listed and loaded after its process is gone; TensorBoard and MLflow
 read back with their own libraries."""
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 from torch.nn import functional as F
 
 import nbtrain as nt
-from nbtrain import store
+from nbtrain.runstore import write as store
 from conftest import mlp, quick
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -345,7 +345,7 @@ def test_report_to_takes_one_or_both_names():
 
 @pytest.mark.parametrize("name", ["tensorboard", "mlflow"])
 def test_a_missing_reporter_library_names_its_extra(blobs, db, monkeypatch, name):
-    from nbtrain import reporters
+    from nbtrain.runstore import reporters
     real = reporters.importlib.util.find_spec
     monkeypatch.setattr(reporters.importlib.util, "find_spec",
                         lambda module, *a: None if module == name else real(module, *a))
@@ -397,7 +397,7 @@ def test_an_mlflow_run_read_back_with_mlflow_client(blobs, db, tmp_path, monkeyp
 
 def test_a_reporter_that_fails_gives_one_warning_and_the_run_trains_on(blobs, db, monkeypatch):
     pytest.importorskip("tensorboard", reason="pip install 'nbtrain[tensorboard]'")
-    from nbtrain import reporters
+    from nbtrain.runstore import reporters
 
     class Broken(reporters.TensorBoardSink):
         def records(self, records):

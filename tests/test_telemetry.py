@@ -11,7 +11,8 @@ from torch import nn
 from torch.nn import functional as F
 
 import nbtrain as nt
-from nbtrain import diagnosis, telemetry
+from nbtrain.auto import diagnosis
+from nbtrain.telemetry import sampling, timers as telemetry
 
 from conftest import mlp, quick
 
@@ -100,7 +101,7 @@ def deep_mlp():
 
 
 def test_activation_checkpointing_saves_memory_and_keeps_the_math():
-    from nbtrain.memory import checkpointed_forward, saved_for_backward_bytes as saved_bytes
+    from nbtrain.auto.memory import checkpointed_forward, saved_for_backward_bytes as saved_bytes
     x, y = torch.randn(256, 64), torch.randint(0, 3, (256,))
     plain, ckpt = deep_mlp(), deep_mlp()
     assert saved_bytes(checkpointed_forward(ckpt, True), x) < saved_bytes(plain, x) / 2
@@ -174,11 +175,11 @@ def test_exports(blobs, tmp_path):
 
 
 def test_nvml_fields_absent_without_a_gpu(monkeypatch):
-    monkeypatch.setattr(telemetry, "_nvml_handles", {})
+    monkeypatch.setattr(sampling, "_nvml_handles", {})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert telemetry.nvml_fields(torch.device("cpu")) == {}
-        fields = telemetry.nvml_fields(torch.device("cuda"))   # no driver here: just empty
+        assert sampling.nvml_fields(torch.device("cpu")) == {}
+        fields = sampling.nvml_fields(torch.device("cuda"))   # no driver here: just empty
     assert fields == {} or "nvml_used_mb" in fields
 
 
@@ -226,8 +227,8 @@ def _advice(monkeypatch, device, amp, bf16_cpu="", bf16_gpu=False):
 
 
 def test_diagnosis_never_advises_bf16_where_auto_found_no_bf16_units(monkeypatch):
-    from nbtrain.devices import resolve_amp
-    monkeypatch.setattr("nbtrain.devices.cpu_bf16_feature", lambda: "")
+    from nbtrain.auto.precision import resolve_amp
+    monkeypatch.setattr("nbtrain.auto.precision.cpu_bf16_feature", lambda: "")
     found = resolve_amp("auto", torch.device("cpu"))
     assert found[0] == "off" and "no bf16" in found[1]
     advice = _advice(monkeypatch, "cpu", found)
@@ -258,7 +259,7 @@ def test_the_diagnosis_never_advises_a_setting_the_run_already_has():
 
 
 def test_a_compiled_runs_summary_reports_the_warm_up_apart():
-    from nbtrain.compiling import warmup_split
+    from nbtrain.auto.compiling import warmup_split
     steady = dict(kind="train", steps=10, samples=640, interval_s=0.1, step_time_s=0.01)
     first = dict(steady, interval_s=3.1, step_time_s=0.31)   # waited 3 s for the compiler
     split = warmup_split([first, steady, steady, steady])
@@ -267,7 +268,7 @@ def test_a_compiled_runs_summary_reports_the_warm_up_apart():
 
 
 def test_compile_check_times_compiled_against_eager_and_says_when_it_does_not_pay():
-    from nbtrain.compiling import compile_check
+    from nbtrain.auto.compiling import compile_check
     import time as _time
 
     def step(seconds):
@@ -309,7 +310,7 @@ def test_copy_bound_advice_leaves_out_what_the_run_already_has():
 def test_records_a_few_milliseconds_apart_share_a_diagnosis_and_the_last_has_its_own(blobs, monkeypatch):
     """The diagnosis is derived again at most every DIAGNOSE_EVERY_S: a record every few
     steps of a millisecond would pay for one each time. The run's last record gets its own."""
-    from nbtrain import loop
+    from nbtrain.train import loop
     calls = []
     diagnose = loop.diagnose
     monkeypatch.setattr(loop, "diagnose", lambda record, resolved: calls.append(record["step"])
@@ -353,7 +354,7 @@ def test_batched_fetch_asked_for_a_dataset_that_cannot_batch_says_so():
 
 
 def test_a_step_start_without_a_copy_is_marked_once():
-    from nbtrain.telemetry import HostTimer
+    from nbtrain.telemetry.timers import HostTimer
     timer = HostTimer()
     timer.step_starts()
     first = timer._step_start

@@ -252,7 +252,7 @@ def test_another_seed_gives_another_order(blob_records):
 
 def test_fasttrain_data_and_autotune_take_a_tfrecord_dataset(blob_records):
     from IPython.core.interactiveshell import InteractiveShell
-    from nbtrain import magic
+    from nbtrain.ui import magic
     paths, features = blob_records
     ip = InteractiveShell.instance()
     magic.load_ipython_extension(ip)

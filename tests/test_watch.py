@@ -89,7 +89,7 @@ def test_a_loss_on_another_device_than_the_models_is_kept_there_not_read_each_st
         monkeypatch):
     # a CPU model whose loss is computed elsewhere (a CPU embedding in front of a GPU net;
     # "meta" stands in for the GPU): a read at each backward would be a sync every step
-    from nbtrain import telemetry
+    from nbtrain.telemetry import timers as telemetry
     added = []
     add = telemetry.Interval.add
     monkeypatch.setattr(telemetry.Interval, "add",
@@ -567,7 +567,7 @@ def assert_no_worker_left(loaded_by):
 
 def test_workers_tried_for_an_epoch_and_kept_where_its_batches_came_faster(monkeypatch):
     monkeypatch.setattr("nbtrain.watcher.loader.available_cores", lambda: 3)   # 2 workers
-    monkeypatch.setattr("nbtrain.watcher.loader.BUDGET", 1.0)   # a trial at once
+    monkeypatch.setattr("nbtrain.auto.budget.SHARE", 1.0)   # a trial at once
     run, loader, loaded_by = loaded_by_in_a_watch(SlowRows())
     assert all(s == {0} for s in loaded_by[:8])               # epoch 1: in this process
     assert all(0 not in s for s in loaded_by[8:])            # then: worker processes
@@ -578,7 +578,7 @@ def test_workers_tried_for_an_epoch_and_kept_where_its_batches_came_faster(monke
 
 def test_workers_that_lost_their_trial_epoch_are_stopped(monkeypatch):
     monkeypatch.setattr("nbtrain.watcher.loader.available_cores", lambda: 2)   # 1 worker
-    monkeypatch.setattr("nbtrain.watcher.loader.BUDGET", 1.0)
+    monkeypatch.setattr("nbtrain.auto.budget.SHARE", 1.0)
     run, loader, loaded_by = loaded_by_in_a_watch(SlowRows(in_worker=3.0))
     assert all(0 not in s for s in loaded_by[8:16])          # epoch 2: the trial
     assert all(s == {0} for s in loaded_by[16:])              # epoch 3: this process again

@@ -19,6 +19,7 @@ from torch.nn.modules import module as modules
 from torch.utils.data import DataLoader, TensorDataset
 
 import nbtrain as nt
+from nbtrain.auto import budget
 from nbtrain.watcher import measure
 from nbtrain.watcher.measure import Bf16Trial, FlopCount
 
@@ -230,7 +231,7 @@ def test_a_long_enough_loop_counts_its_flops_within_the_budget():
     flops = run.resolved["flops_per_step"][0]
     assert flops == 3 * 2 * 16 * (16 * 64 + 64 * 4) - 2 * 16 * 16 * 64   # no input gradient
     spent, why = run.resolved["measuring_s"]
-    assert spent <= measure.BUDGET * run.summary()["wall_s"] + 1e-3, why
+    assert spent <= budget.SHARE * run.summary()["wall_s"] + 1e-3, why
 
 
 def trial_with(fp32_s: list, bf16_s: list) -> Bf16Trial:
@@ -263,11 +264,10 @@ def test_bf16_is_kept_only_where_it_beat_fp32_beyond_the_noise(fp32, bf16, keep,
 def test_the_bf16_trial_runs_on_the_loops_own_steps_and_decides(monkeypatch, tmp_path):
     """A CPU said to have bf16 units (this one may not): the trial's blocks really run in
     bf16, and the choice is the trial's, said with the steps it was measured on."""
-    from nbtrain import devices
+    from nbtrain.auto import precision as ladder
     from nbtrain.watcher import precision
     monkeypatch.setenv("NBTRAIN_HOME", str(tmp_path))
-    for where in (precision, devices):
-        monkeypatch.setattr(where, "cpu_bf16_feature", lambda: "avx512_bf16")
+    monkeypatch.setattr(ladder, "cpu_bf16_feature", lambda: "avx512_bf16")
     monkeypatch.setattr(measure, "BLOCK_S", 0.002)
     monkeypatch.setattr(precision, "known_bf16_gain", lambda key: (None, ""))   # never measured
     monkeypatch.setattr(measure, "remember_bf16_gain", lambda key, gain, load=None: None)

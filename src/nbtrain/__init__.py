@@ -5,18 +5,18 @@
 """
 from __future__ import annotations
 
-from . import datasets
-from .autotune import autotune
-from .compare import compare
+from .data import datasets
+from .tools.autotune import autotune
+from .tools.compare import compare
 from .config import ConfigError, TrainConfig
 from .entry import fit, show_progress_with, watch
-from .lr_find import lr_find
-from .memory import max_batch_size
-from .profiling import profile
-from .progress import attach_progress, setup_line
+from .tools.lr_find import lr_find
+from .auto.memory import max_batch_size
+from .tools.profiling import profile
+from .views.progress import attach_progress, setup_line
 from .run import Run, TrainingError
-from .schedule import schedule_preview
-from .stored import delete_runs, load_run, runs
+from .train.schedule import schedule_preview
+from .runstore.read import delete_runs, load_run, runs
 from .version import __version__
 
 # fit(progress=True)'s bar: a view, handed down to the entry, which imports no view
@@ -41,10 +41,10 @@ def __getattr__(name):
 
 def load_ipython_extension(ipython) -> None:
     """`%load_ext nbtrain`: registers the %%fasttrain cell magic."""
-    from .magic import load_ipython_extension as load
+    from .ui.magic import load_ipython_extension as load
     load(ipython)
 
 
 def unload_ipython_extension(ipython) -> None:
-    from .magic import unload_ipython_extension as unload
+    from .ui.magic import unload_ipython_extension as unload
     unload(ipython)

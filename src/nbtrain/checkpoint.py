@@ -19,7 +19,7 @@ from .files import atomic_write
 FORMAT = 1
 # The run's timed "auto" choices, which a resume keeps (prepare.kept_choices), and where they were made
 KEPT_CHOICES = ("amp", "num_threads", "num_workers")
-KEPT = ("device", "processes") + KEPT_CHOICES
+RESOLVED_KEPT = ("device", "processes") + KEPT_CHOICES
 
 
 def rng_state(device=None) -> dict:
@@ -53,7 +53,7 @@ def state_of(run) -> dict:
         "position": {"step": run.step, "epoch": run.epoch, "batch_in_epoch": run.batch_in_epoch},
         "config": run.config.to_dict(),
         "history": list(run.history),
-        "resolved": {name: run.resolved[name] for name in KEPT if name in run.resolved},
+        "resolved": {name: run.resolved[name] for name in RESOLVED_KEPT if name in run.resolved},
     }
 
 

@@ -17,9 +17,28 @@ import difflib
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
-from .kinds import (AUTO_FLAG, CUSTOM, FALSE_WORDS, TRUE_WORDS, AnyOf, AutoOr, Choice, Device,
-                    Factory, Flag, Kind, Number, OrNone, Pair, Path, Several, Text, Whole,
-                    custom_name, takes_factories)
+from .kinds import (
+    AUTO_FLAG,
+    CUSTOM,
+    FALSE_WORDS,
+    TRUE_WORDS,
+    AnyOf,
+    AutoOr,
+    Choice,
+    Device,
+    Factory,
+    Flag,
+    Kind,
+    Number,
+    OrNone,
+    Pair,
+    Path,
+    Several,
+    Text,
+    Whole,
+    custom_name,
+    takes_factories,
+)
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "radam", "nadam", "rmsprop", "adagrad")
 ADAM_FAMILY = ("adam", "adamw", "radam", "nadam")

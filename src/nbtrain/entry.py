@@ -22,12 +22,14 @@ from typing import Callable, Optional
 import torch
 
 from . import checkpoint as ckpt
-from . import loop, reporters, store
+from .auto.devices import seed_all
 from .config import ConfigError, TrainConfig, as_config
-from .devices import seed_all
-from .prepare import prepare
 from .run import Run
-from .schedule import Schedule
+from .runstore import reporters
+from .runstore import write as store
+from .train import loop
+from .train.prepare import prepare
+from .train.schedule import Schedule
 from .watcher import Watcher, own_loop_config, record_floor_s
 
 
@@ -194,10 +196,10 @@ def _engine(run: Run, model, train_data, loss_fn, val_data, state, schedule) -> 
     """Prepare the engine that trains `run`; returns `begin()`, called once the run is
     claimed, which starts what must start (the ranks) and returns the function that trains."""
     if run.config.cluster == "ray":   # ray_cluster.py runs this same loop in Ray Train's workers
-        from . import ray_cluster
+        from .parallel import ray_train as ray_cluster
         return ray_cluster.prepare(run, model, train_data, loss_fn, val_data, state, schedule)
     if run.config.processes != 1:   # data-parallel: distributed.py runs it in N processes
-        from . import distributed
+        from .parallel import processes as distributed
         if distributed.resolve_processes(run) > 1:
             return distributed.prepare(run, model, train_data, loss_fn, val_data, state,
                                        schedule)

@@ -11,10 +11,14 @@ from __future__ import annotations
 import difflib
 import math
 import os
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 TRUE_WORDS = ("true", "on", "yes", "1")
 FALSE_WORDS = ("false", "off", "no", "0")
+
+
+Resolved = Tuple[Any, str]   # a setting as resolved for a run: (value, why it was chosen)
+ResolvedSettings = Dict[str, Resolved]   # Run.resolved: setting name -> Resolved
 
 
 def _is_int(value) -> bool:

@@ -4,13 +4,14 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
-from typing import Callable, Dict, Tuple
+from typing import Callable, Tuple
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..config import ConfigError, TrainConfig
-from ..devices import available_cores
+from ..kinds import ResolvedSettings
+from ..machine import available_cores
 from .batches import (ByValue, EpochBatchSampler, GivenLoader, LoaderBatches, TensorBatches,
                       as_tensors, describe_bad_sample, length_of, source_of)
 from .errors import CorruptRecordError
@@ -31,10 +32,9 @@ def __getattr__(name):   # lmdb and tfrecord are imported only by those who use 
         return getattr(_tfrecord, name)
     raise AttributeError(f"module 'nbtrain.data' has no attribute {name!r}")
 
-Resolved = Dict[str, Tuple[object, str]]
 
 
-def make_batches(data, cfg: TrainConfig, device: torch.device, resolved: Resolved,
+def make_batches(data, cfg: TrainConfig, device: torch.device, resolved: ResolvedSettings,
                  what: str = "train_data"):
     """The batch source for `data`, recording each data-path choice in `resolved`;
     `what` names the data in errors (train_data, val_data)."""
@@ -49,7 +49,7 @@ def make_batches(data, cfg: TrainConfig, device: torch.device, resolved: Resolve
                     f"tensors or numpy arrays, or a DataLoader; got {type(data).__name__}.")
 
 
-def _given_loader(loader: DataLoader, cfg: TrainConfig, resolved: Resolved):
+def _given_loader(loader: DataLoader, cfg: TrainConfig, resolved: ResolvedSettings):
     why = "from your DataLoader (nbtrain's loader settings do not apply to it)"
     resolved["num_workers"] = (loader.num_workers, why)
     resolved["pin_memory"] = (loader.pin_memory, why)
@@ -59,7 +59,7 @@ def _given_loader(loader: DataLoader, cfg: TrainConfig, resolved: Resolved):
     return GivenLoader(loader)
 
 
-def _tensor_source(tensors, cfg: TrainConfig, device, resolved: Resolved):
+def _tensor_source(tensors, cfg: TrainConfig, device, resolved: ResolvedSettings):
     workers = cfg.num_workers
     if cfg.data_on_device is True and workers not in ("auto", 0) and device.type != "cpu":
         raise ConfigError(f"TrainConfig.data_on_device=True with num_workers={workers} is not "
@@ -149,7 +149,7 @@ def _resolve_pin(cfg: TrainConfig, device, on_device: bool) -> Tuple[bool, str]:
     return cfg.pin_memory, "asked for"
 
 
-def _dataset_source(dataset, cfg: TrainConfig, device, resolved: Resolved,
+def _dataset_source(dataset, cfg: TrainConfig, device, resolved: ResolvedSettings,
                     why_per_sample: str = "per-sample dataset"):
     if cfg.data_on_device is True and device.type != "cpu":
         raise ConfigError("TrainConfig.data_on_device=True needs in-memory tensor data "

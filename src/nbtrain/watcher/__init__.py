@@ -5,7 +5,7 @@ Its parts, each one job: core.py (the hooks, the model, the backward, the end), 
 (what a step is), loader.py (the DataLoader: data wait, epochs, batched fetch, workers),
 copies.py (CUDA copies one batch ahead), precision.py (autocast, fp16's scaler, clip),
 records.py (losses, records, host reads), measure.py (the bf16 trial, the FLOP count and
-the peak, within 5% of the loop's time), settings.py (what a watch may set)."""
+the peak, within the measuring budget), settings.py (what a watch may set)."""
 from .core import Watcher
 from .loader import StopWatching
 from .records import READS_COUNTED_FOR

@@ -9,7 +9,7 @@ import torch
 from torch.compiler import is_compiling
 
 from ..data.moves import AheadCopies, MoveLog, plain, resolve_copies
-from .loader import KEPT
+from .loader import AS_WRITTEN
 
 
 class CopiesPart:
@@ -99,7 +99,7 @@ class CopiesPart:
     def _pin_as_found(self, loader) -> tuple:
         """pin_memory until step 1 shows what the loop copies (_follow_copies), or for good."""
         if loader.pin_memory or self.run.config.pin_memory is not True or self._copies_pending:
-            return loader.pin_memory, KEPT
+            return loader.pin_memory, AS_WRITTEN
         if not torch.cuda.is_available():
             return False, "asked for, but there is no CUDA device: nothing to pin for"
         return False, ("asked for, but the watch pins only what it copies ahead (here "

@@ -12,7 +12,7 @@ objects, so the model, its optimizer and their copies pickle as they would unwat
 
 What it changes (optimize=True only): precision.py (autocast, fp16's scaler), loader.py
 (batched fetch, workers), copies.py (copies one batch ahead), steps.py (the fused
-optimizer kernel). What it measures, within 5% of the loop's own time: measure.py.
+optimizer kernel). What it measures, within the measuring budget: measure.py.
 `Watcher.remove` undoes every hook and patch on every way out; `finish` ends the Run.
 """
 from __future__ import annotations
@@ -25,15 +25,17 @@ from typing import Optional
 
 import torch
 from torch.compiler import is_compiling
-from torch.optim.optimizer import (register_optimizer_step_post_hook,
-                                   register_optimizer_step_pre_hook)
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
 from torch.utils.data import DataLoader
 
 from .. import checkpoint as ckpt
 from ..run import Run
-from ..telemetry import HostTimer, Interval, RestTimer
+from ..telemetry.timers import HostTimer, Interval, RestTimer
 from .copies import CopiesPart
-from .loader import KEPT, LoaderPart, StopWatching, batch_dim_of, samples_in
+from .loader import AS_WRITTEN, LoaderPart, StopWatching, batch_dim_of, samples_in
 from .measure import MeasurePart
 from .precision import PrecisionPart
 from .records import RecordsPart
@@ -275,7 +277,7 @@ class Watcher(LoaderPart, CopiesPart, PrecisionPart, StepsPart, RecordsPart, Mea
         device = next(p for p in model.parameters() if p.requires_grad).device
         self._ensure_interval(device)
         self.run.resolved.setdefault("num_threads", (torch.get_num_threads(),
-                                                     KEPT + " (torch's setting)"))
+                                                     AS_WRITTEN + " (torch's setting)"))
         self._resolve_precision(model)
         self._plan_measuring(model)
         if self._copies_pending and self._training_loader is None:

@@ -10,17 +10,28 @@ import time
 import weakref
 
 import torch
-from torch.utils.data import (BatchSampler, DataLoader, IterableDataset, RandomSampler,
-                              SequentialSampler, TensorDataset, default_collate)
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+    TensorDataset,
+    default_collate,
+)
 
+from ..auto import budget
 from ..data import shippable
-from ..data.batches import (batch_chunks, pinned_rows, stop_workers,
-                             workers_collect_none_of_ours)
+from ..data.batches import (
+    batch_chunks,
+    pinned_rows,
+    stop_workers,
+    workers_collect_none_of_ours,
+)
 from ..data.nested import batch_len
-from ..devices import available_cores
-from .measure import BUDGET
+from ..machine import available_cores
 
-KEPT = "your loop's own"
+AS_WRITTEN = "your loop's own"
 WAITS_FOR_DATA = 0.25   # a quarter of an epoch waiting for data: worker processes may pay
 WORKERS_KEPT = 1.10     # a trial epoch with workers is kept only this much faster per batch
 
@@ -140,7 +151,7 @@ class LoaderPart:
     def _choose_workers(self, share: float):
         """Workers to try for the epoch starting now, 0 (never) or None (not yet): a trial
         epoch that loses costs about the data wait it was to hide, so it starts once that
-        is at most the watch's budget (5%) of the time run so far."""
+        is at most the measuring budget of the time run so far."""
         cores = available_cores()
         if share < WAITS_FOR_DATA or cores < 2:
             return 0
@@ -149,10 +160,10 @@ class LoaderPart:
         workers, epoch = min(8, cores - 1), self.run.epoch   # fit's rule: training keeps a core
         risk_s = share * self._epoch_s
         waited = f"the loop waited for data {share:.0%} of epoch {epoch}"
-        if self._measured_s + risk_s > BUDGET * (time.perf_counter() - self._started):
+        if not budget.affordable(risk_s, self._measured_s, time.perf_counter() - self._started):
             self.run.resolved["num_workers"] = (0, (
                 f"{waited}: {workers} worker(s) are tried for an epoch once what a trial that "
-                f"loses could cost (that wait, {risk_s:.2f} s) is at most {BUDGET:.0%} of "
+                f"loses could cost (that wait, {risk_s:.2f} s) is at most {budget.words()} of "
                 "the time run so far"))
             return None
         self._worker_trial = (workers, self._per_batch_s)
@@ -224,7 +235,7 @@ class LoaderPart:
         self._epoch_wait = self._per_batch_s = self._worker_trial = None   # another loader's
         self._epoch_s = 0.0
         resolved, cfg = self.run.resolved, self.run.config
-        resolved["num_workers"] = (loader.num_workers, KEPT)
+        resolved["num_workers"] = (loader.num_workers, AS_WRITTEN)
         resolved["pin_memory"] = self._pin_as_found(loader)
         resolved["prefetch_to_device"] = (False, self._why_no_copies_ahead())
         why_not = _why_not_batchable(loader)

@@ -1,11 +1,10 @@
 """What a watch measures, and when: never at the model's first forward, and each part only
-once the loop has run long enough that it costs at most BUDGET (5%) of the time run so far,
-as nt.fit measures only what costs at most 5% of its run. The parts, in order:
+once the loop has run long enough that it costs at most the measuring budget (auto/budget.py)
+of the time run so far, as nt.fit does. The parts, in order:
 
 1. bf16 "auto" on a CPU or GPU with bf16 units (optimize=True): a trial on the loop's own steps,
-   blocks of steps with and without autocast interleaved (Bf16Trial); bf16 is kept only
-   where every bf16 block ran faster than every fp32 block and the median gain is at
-   least MIN_BF16_GAIN. A decisive result is remembered per architecture on the machine,
+   blocks of steps with and without autocast interleaved (Bf16Trial), judged by
+   auto.precision.decide with fp32 (the loop as written) the default. A decisive result is remembered per architecture on the machine,
    with the load average it was measured under (measured again once that has moved).
 2. The FLOPs of one of the loop's steps, counted as it runs (a dispatch mode that runs
    every op as it is and adds up torch's FLOP formulas: the loop's numbers unchanged).
@@ -22,11 +21,16 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .. import flops
-from ..devices import (MIN_BF16_GAIN, bf16_units, blocks_decisive, load_now,
-                       remember_bf16_gain)
+from ..auto import budget, flops
+from ..auto.precision import (
+    MIN_BF16_GAIN,
+    bf16_units,
+    blocks_decisive,
+    decide,
+    remember_bf16_gain,
+)
+from ..machine import load_now
 
-BUDGET = 0.05        # of the loop's time so far
 BLOCK_S = 0.03       # a trial block's length: many steps of a small model, a few of a large one
 BLOCK_STEPS = 3      # at least
 COUNT_COST = 3.0     # a step under the FLOP count takes up to ~this many steps (Python per op)
@@ -110,7 +114,7 @@ class MeasurePart:
                 self._probe_peak()
 
     def _affordable(self, cost_s: float, now: float) -> bool:
-        return self._measured_s + cost_s <= BUDGET * (now - self._started)
+        return budget.affordable(cost_s, self._measured_s, now - self._started)
 
     def _step_s(self, now: float) -> float:
         """The loop's mean time per step so far (its setup before step 1 included: an
@@ -208,7 +212,7 @@ class MeasurePart:
     def _say_what_was_not_measured(self) -> None:
         ran = time.perf_counter() - self._started
         why = (f"your loop ended after {ran:.2f} s, before measuring cost at most "
-               f"{BUDGET:.0%} of it")
+               f"{budget.words()} of it")
         resolved = self.run.resolved
         if self._trial is not None:
             resolved["amp"] = ("off", f"{bf16_units(self.device)}, but {why}: fp32, as written")
@@ -225,7 +229,7 @@ class MeasurePart:
         self.run.resolved["measuring_s"] = (round(self._measured_s, 4), (
             f"the watch's measuring took {self._measured_s * 1e3:.1f} ms, "
             f"{self._measured_s / ran:.1%} of the {ran:.2f} s watched; each part started only "
-            f"where it would cost at most {BUDGET:.0%} of the time run so far"))
+            f"where it would cost at most {budget.words()} of the time run so far"))
 
 
 _COUNTED: dict = {}   # (architecture, device) -> (FLOPs of a step, conv share): this process
@@ -319,14 +323,14 @@ class Bf16Trial:
         return statistics.median(self.per_step["off"]) / statistics.median(self.per_step["bf16"])
 
     def verdict(self):
-        """(keep bf16, the median gain, why)."""
-        gain, fp32, bf16 = self.gain(), self.per_step["off"], self.per_step["bf16"]
-        if max(bf16) < min(fp32) and gain >= MIN_BF16_GAIN:
-            return True, gain, (f"bf16 {gain:.2f}x faster than fp32, every bf16 block faster "
-                                "than every fp32 block")
-        if max(bf16) < min(fp32):
+        """(keep bf16, the median gain, why): `decide`, with fp32 as the default (the loop as
+        written)."""
+        amp, gain, decisive = decide(self.per_step["off"], self.per_step["bf16"], "off")
+        if amp == "bf16":
+            return True, gain, f"bf16 {gain:.2f}x faster than fp32, beyond the noise of the blocks"
+        if decisive and gain >= 1:
             return False, gain, f"bf16 only {gain:.2f}x of fp32 (less than {MIN_BF16_GAIN}x)"
-        if min(bf16) > max(fp32):
+        if decisive:
             return False, gain, f"bf16 slower: {gain:.2f}x of fp32 speed"
         return False, gain, (f"bf16 {gain:.2f}x of fp32, within the noise of the blocks: fp32 "
                              "kept, as written")

@@ -11,8 +11,9 @@ import inspect
 
 import torch
 
-from ..devices import (MIN_BF16_GAIN, bf16_units, cpu_bf16_feature, device_name,
-                       gpu_has_bf16, known_bf16_gain)
+from ..auto import budget
+from ..auto.precision import amp_for, auto_amp, bf16_units, known_bf16_gain
+from ..machine import device_name, gpu_has_bf16, model_key
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TRIAL = "trial"   # amp_choice's value where bf16 is measured on the loop's own steps
@@ -53,10 +54,8 @@ class PrecisionPart:
         self._to_channels_last = self.optimize and self.run.config.channels_last is True
 
     def _bf16_key(self, model) -> tuple:
-        """What a bf16 measurement depends on: layers, parameter shapes, and a GPU's name
-        (its gain is not its host CPU's)."""
-        return ("watch", repr(model), tuple((tuple(p.shape), p.dtype) for p in model.parameters()),
-                device_name(self.device))
+        """What a bf16 measurement depends on: the model's key and the device's name."""
+        return "watch", model_key(model), device_name(self.device)
 
     def _changes_forward(self) -> bool:
         return self.amp != "off" or self._to_channels_last or self._bf16_undecided()
@@ -226,7 +225,7 @@ def amp_choice(requested: str, device: torch.device, optimize: bool, key):
             return "off", f"no autocast nbtrain trusts on {device.type}"
         return "fp16", ("asked for: autocast to float16, and a GradScaler through the "
                         "backward and step hooks (the loss scaled, the step skipped on inf)")
-    if device.type == "cuda" and not gpu_has_bf16(device):
+    if device.type == "cuda" and not gpu_has_bf16(device):   # the loop has no GradScaler
         return "off", ("this GPU has no bf16; nt.watch(amp='fp16') applies fp16 with a "
                        "GradScaler through the hooks (a clip must be called as "
                        "torch.nn.utils.clip_grad_norm_ to be scaled along)")
@@ -234,17 +233,15 @@ def amp_choice(requested: str, device: torch.device, optimize: bool, key):
         return "off", f"no autocast nbtrain trusts on {device.type}"
     if requested == "bf16":
         return "bf16", "asked for"
-    if device.type == "cpu" and not cpu_bf16_feature():
-        return "off", "CPU has no bf16 matmul units (avx512_bf16, amx_bf16): bf16 runs slower"
-    # a GPU too: a small model's step is launch-bound there, and autocast's casts are
-    # kernels of their own (the digits CNN under the watch ran 1.07-1.23x slower in bf16
-    # on an H200)
+    candidate, why = auto_amp(device)
+    if candidate != "bf16":
+        return "off", why
     units = bf16_units(device)
     gain, source = known_bf16_gain(key)
     if gain is None:
         return TRIAL, (f"{units}: bf16 is measured on your loop's own steps once it has run "
-                       "long enough for the trial to cost at most 5% of it; fp32 until then")
-    if gain >= MIN_BF16_GAIN:
+                       f"long enough for the trial to cost at most {budget.words()} of it; fp32 until then")
+    if amp_for(gain, True, "off") == "bf16":   # a known gain was decisive
         return "bf16", f"{units}; {source} {gain:.2f}x faster than fp32 on this model"
     return "off", (f"{units}, but bf16 {source} {gain:.2f}x of fp32 speed on this "
                    "model (too small to gain)")

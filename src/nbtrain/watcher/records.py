@@ -13,8 +13,8 @@ from collections import deque
 
 import torch
 
-from ..loop import flush_interval, log_interval
-from .settings import RECORD_EVERY_S, RECORDS_MERGED
+from ..train.loop import flush_interval, log_interval
+from .settings import RECORDS_MERGED
 
 _item = torch._C.TensorBase.item   # torch's own, under the watch's counting wrapper
 READS = ("item", "tolist")   # the host reads counted when the tensor has a graph, too

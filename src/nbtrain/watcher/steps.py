@@ -23,7 +23,7 @@ from collections import deque
 
 import torch
 
-from ..optim import apply_impl, impl_for
+from ..train.optim import apply_impl, impl_for
 
 
 class StepsPart:

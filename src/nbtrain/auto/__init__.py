@@ -1,0 +1,1 @@
+"""The "auto" choices and their measurements: device, precision, workers, FLOPs, memory."""

@@ -1,0 +1,18 @@
+"""The one measuring budget. Whatever nbtrain measures for a run (nt.fit's probes before
+step 1, the watch's trials on the loop's own steps) costs at most SHARE of that run's own
+time, so that measuring never makes a short run slow; a run too short for a measurement
+keeps the safe choice and says so."""
+from __future__ import annotations
+
+SHARE = 0.05
+
+
+def affordable(cost_s: float, spent_s: float, run_s: float) -> bool:
+    """Whether measuring `cost_s` more, after `spent_s` already, stays within SHARE of a run
+    of `run_s` (the time run so far, or planned)."""
+    return spent_s + cost_s <= SHARE * run_s
+
+
+def words() -> str:
+    """The budget as a message says it: '5%'."""
+    return f"{SHARE:.0%}"

@@ -1,0 +1,242 @@
+"""bf16 "auto": measured on the model's own steps, decided by a rank test, remembered per
+model and machine."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import platform
+import statistics
+import time
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+
+from ..kinds import Resolved
+from ..machine import (
+    cache_key,
+    cpu_bf16_feature,
+    device_name,
+    gpu_has_bf16,
+    load_moved,
+    load_now,
+)
+
+
+def resolve_amp(requested: str, device: torch.device) -> Resolved:
+    """'off' | 'fp16' | 'bf16' with the reason, for `requested` on `device`."""
+    from ..config import ConfigError
+    if requested != "auto":
+        if requested == "fp16" and device.type == "cpu":
+            return "fp16", "asked for (on CPU fp16 autocast is usually slower than bf16)"
+        if requested == "bf16" and device.type == "cuda" and not gpu_has_bf16(device):
+            if not torch.cuda.is_bf16_supported():
+                raise ConfigError("TrainConfig.amp='bf16' is not supported by this GPU "
+                                  f"({torch.cuda.get_device_name(device)}): use amp='fp16'.",
+                                  field="amp")
+            return "bf16", "asked for (emulated on this GPU: usually slower than fp16)"
+        return requested, "asked for"
+    return auto_amp(device)
+
+
+def auto_amp(device: torch.device) -> Resolved:
+    """The one "auto" precision ladder, nt.fit's and the watch's: bf16 where the device has
+    bf16 units (then measured on the model: bf16_choice, the watch's trial), fp16 with a
+    GradScaler on a GPU without them, else fp32."""
+    if device.type == "cuda":
+        if gpu_has_bf16(device):
+            return "bf16", "GPU supports bf16 (same range as fp32, no loss scaling needed)"
+        return "fp16", "GPU lacks bf16: fp16 with a GradScaler"
+    if device.type == "mps":
+        return "off", "autocast on MPS rarely pays off; use amp='fp16' to try it"
+    flag = cpu_bf16_feature()
+    if flag:
+        return "bf16", f"CPU has {flag}"
+    return "off", f"CPU ({platform.machine()}) has no bf16 matmul units (avx512_bf16/amx)"
+
+
+# bf16 autocast adds a cast per op: it pays for big matmuls and convolutions and costs on
+# tiny ones (docs/guide/measured.md), so a CPU takes it only for a clear gain.
+MIN_BF16_GAIN = 1.1
+
+
+class Verdict(NamedTuple):
+    """The one bf16 decision: the amp to run, the median gain (fp32 time / bf16 time) and
+    whether the blocks decided it beyond their noise."""
+    amp: str
+    gain: float
+    decisive: bool
+
+
+def decide(fp32_s, bf16_s, default: str) -> Verdict:
+    """bf16 or fp32 from blocks' times per step: `default` ('off' or 'bf16': what runs when
+    nothing is decided) unless a rank test decides it (blocks_decisive)."""
+    gain = statistics.median(fp32_s) / statistics.median(bf16_s)
+    decisive = blocks_decisive(fp32_s, bf16_s)
+    return Verdict(amp_for(gain, decisive, default), gain, decisive)
+
+
+def amp_for(gain: float, decisive: bool, default: str) -> str:
+    """A decided gain of at least MIN_BF16_GAIN takes bf16; where bf16 is the default (a GPU
+    under nt.fit: its tensor cores, half the activations' memory) only a decided loss
+    turns it off. A measurement within the noise keeps the default."""
+    if not decisive:
+        return default
+    if gain >= MIN_BF16_GAIN or (default == "bf16" and gain >= 1):
+        return "bf16"
+    return "off"
+
+
+def default_amp(device: torch.device) -> str:
+    """What nt.fit runs before bf16 is measured: bf16 on a GPU (a short run of a large model
+    must not lose its tensor cores for want of a measurement), fp32 on a CPU."""
+    return "bf16" if device.type == "cuda" else "off"
+
+
+_BF16_GAINS = {}   # (architecture, batch shapes) -> {"gain", "load"}, for this process
+
+
+def bf16_choice(step, key, may_measure: str = "",
+                device: torch.device = torch.device("cpu")) -> Resolved:
+    """nt.fit's amp='auto' on a CPU or GPU with bf16 units: this model's step timed both ways
+    (measure_bf16_speedup) and judged by `decide`, or a gain known for `key`.
+
+    A decisive gain is kept per architecture and batch shape on the machine, on disk, with
+    the load it was measured under: a re-run cell, a second run or another process (the
+    ranks of processes=N, Ray's workers) takes the same answer until the load has moved
+    (machine.load_moved). One within the noise is not kept: the next run measures again.
+    $NBTRAIN_BF16_GAIN gives the gain instead. `key` says what was measured (the caller's,
+    with the device). `may_measure`: '' to measure when nothing is known; else why not (a
+    run too short to pay for it)."""
+    units, default = bf16_units(device), default_amp(device)
+    words = {"bf16": "bf16", "off": "fp32"}[default]
+    try:
+        gain, source, decisive = _bf16_gain(step, key, default, measure=not may_measure)
+        if gain is None:
+            return default, (f"{units}, and bf16 is not measured on this model "
+                             f"({may_measure}): {words}")
+    except Exception as exc:   # the real first step will report the problem properly
+        return default, (f"could not measure bf16 on this model ({type(exc).__name__}): "
+                         f"{words}")
+    if not decisive:
+        return default, (f"{units}; bf16 measured {gain:.2f}x of fp32 speed on this model, "
+                         f"within the noise of the steps: {words} (measured again next run)")
+    if amp_for(gain, decisive, default) == "bf16":
+        return "bf16", f"{units}; {source} {gain:.2f}x faster than fp32 on this model"
+    return "off", (f"{units}, but bf16 {source} {gain:.2f}x of fp32 speed on this "
+                   "model" + (" (slower)" if gain < 1 else " (too small to gain)"))
+
+
+def bf16_units(device: torch.device) -> str:
+    """What the device has for bf16, in words."""
+    if device.type == "cuda":
+        return f"{device_name(device)} has bf16 units"
+    return f"CPU has {cpu_bf16_feature()}"
+
+
+def _bf16_gain(step, key, default: str, measure: bool = True) -> Tuple[Optional[float], str, bool]:
+    """(fp32 time / bf16 time, how it is known, decisive) for `key` on this machine;
+    (None, '', False) when it is not known and not to be measured. A known gain was
+    decisive (only such are kept) or given."""
+    gain, source = known_bf16_gain(key)
+    if gain is not None or not measure:
+        return gain, source, gain is not None
+    load = load_now()   # before: the probe's own steps add to it
+    verdict = measure_bf16_speedup(step, default)
+    if verdict.decisive:
+        remember_bf16_gain(key, verdict.gain, load)
+    return verdict.gain, "measured", verdict.decisive
+
+
+def known_bf16_gain(key) -> Tuple[Optional[float], str]:
+    """(gain, how it is known) for `key` from $NBTRAIN_BF16_GAIN, this process or the disk;
+    (None, '') when it was never measured here, or measured under another load."""
+    if os.environ.get("NBTRAIN_BF16_GAIN"):
+        return float(os.environ["NBTRAIN_BF16_GAIN"]), "given ($NBTRAIN_BF16_GAIN)"
+    entry, source = _BF16_GAINS.get(key), "measured"
+    if entry is None:
+        entry, source = _read_gain(key), "measured (earlier, on this machine)"
+    if entry is None or load_moved(entry["load"]):
+        return None, ""
+    _BF16_GAINS[key] = entry
+    return entry["gain"], source
+
+
+def _read_gain(key) -> Optional[dict]:
+    """The gain kept on disk for `key`, with its load; None when there is none, it is
+    damaged, or it is from before gains carried their load (measured again)."""
+    try:
+        entry = json.loads(_gain_file(key).read_text())
+        return {"gain": float(entry["gain"]), "load": float(entry["load"])}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def remember_bf16_gain(key, gain: float, load: Optional[float] = None) -> None:
+    """Keep a measured gain for `key` with the 1-minute load average it was measured under
+    (now's where not given), in this process and on disk (a read-only home: in this
+    process only)."""
+    entry = {"gain": gain, "load": load_now() if load is None else load}
+    _BF16_GAINS[key] = entry
+    from ..files import atomic_write
+    with contextlib.suppress(OSError), atomic_write(_gain_file(key), "w") as f:
+        json.dump({**entry, "key": repr(key)[:2000]}, f)
+
+
+def _gain_file(key):
+    from ..files import cache_dir
+    what = {"bf16 gain": repr(key), "threads": torch.get_num_threads()}
+    return cache_dir() / "bf16" / f"{cache_key(what)}.json"
+
+
+# the probe's blocks: fp32 and bf16 in ABBA order, so that a drift of the machine's speed
+# weighs on both alike; single steps, since a rank test decides more often with more blocks
+BF16_PROBE_ORDER = ("off", "bf16", "bf16", "off") * 4
+BF16_PROBE_BLOCK = 1   # steps a block
+
+
+def measure_bf16_speedup(step, default: str = "off") -> Verdict:
+    """`decide` on `step(amp)` (one forward+backward) timed in BF16_PROBE_ORDER's blocks,
+    after one warm-up step each."""
+    for amp in ("off", "bf16"):
+        step(amp)
+    per_step = {"off": [], "bf16": []}
+    for amp in BF16_PROBE_ORDER:
+        start = time.perf_counter()
+        for _ in range(BF16_PROBE_BLOCK):
+            step(amp)
+        per_step[amp].append((time.perf_counter() - start) / BF16_PROBE_BLOCK)
+    return decide(per_step["off"], per_step["bf16"], default)
+
+
+def blocks_decisive(fp32_s, bf16_s, level: float = 0.05) -> bool:
+    """Whether the blocks' times put bf16 faster or slower than fp32 beyond their noise: an
+    exact rank test (Mann-Whitney's U: the pairs of blocks where bf16's was faster,
+    against how often each U comes by chance alone over every order of the blocks), at
+    `level` either way. With 3 blocks each that asks every bf16 block faster than every
+    fp32 one (or every one slower: 1 order of 20); with 8 each, at most 15 of the 64 pairs
+    the other way round. Anything else is within the noise of the blocks, whatever the
+    medians say."""
+    faster = sum(b < f for b in bf16_s for f in fp32_s)   # pairs where bf16's block won
+    slower = sum(b > f for b in bf16_s for f in fp32_s)   # a tie counts for neither
+    counts = _u_counts(len(fp32_s), len(bf16_s))          # symmetric: one tail serves both
+    tail = min(sum(counts[faster:]), sum(counts[slower:]))
+    return tail * 1000 <= round(level * 1000) * sum(counts)   # in integers: 3 each sit on 5%
+
+
+@functools.lru_cache(maxsize=None)
+def _u_counts(m: int, n: int) -> tuple:
+    """counts[u]: the orders of m fp32 and n bf16 blocks with U = u. The slowest block is
+    fp32 (it loses to all n bf16 blocks: u - n from the rest) or bf16 (it beats none)."""
+    if m == 0 or n == 0:
+        return (1,)
+    size = m * n + 1
+    counts = [0] * size
+    for u, c in enumerate(_u_counts(m - 1, n)):
+        counts[u + n] += c
+    for u, c in enumerate(_u_counts(m, n - 1)):
+        counts[u] += c
+    return tuple(counts)
+
+

@@ -1,0 +1,1 @@
+"""Engines beyond this process: N local processes, Ray Train's workers."""

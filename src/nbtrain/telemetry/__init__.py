@@ -1,0 +1,1 @@
+"""Timers and memory readings: what a record measures, without a host sync."""

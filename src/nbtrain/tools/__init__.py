@@ -1,0 +1,1 @@
+"""The tools that train several runs: compare, lr_find, autotune, profile, the demo."""

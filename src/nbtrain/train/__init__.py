@@ -1,0 +1,1 @@
+"""nbtrain's own loop in this process: the setup, the step, a failure explained."""

@@ -1,0 +1,1 @@
+"""The UI: the %%fasttrain magic, the Panel widget, the command line."""

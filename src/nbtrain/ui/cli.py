@@ -1,0 +1,45 @@
+"""Command line: `nbtrain demo`."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv=None) -> int:
+    from ..tools.demo import (
+        BUDGET_S,
+        EPOCHS,
+        MAX_ROUNDS,
+        MIN_ROUNDS,
+        TARGET_RATIO_SPREAD,
+        TARGET_SPREAD,
+    )
+    from ..version import __version__
+    parser = argparse.ArgumentParser(prog="nbtrain", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"nbtrain {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="train the digits CNN plainly, then with nbtrain's "
+                          "toggles one at a time, then as your own loop under nt.watch",
+                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    demo.add_argument("--epochs", type=int, default=EPOCHS,
+                      help="passes over the digits data in each row's full run, the one "
+                      "where every auto measures (fewer than 15: too short for the threads "
+                      "probe to measure)")
+    demo.add_argument("--max-rounds", type=int, default=MAX_ROUNDS,
+                      help="timing rounds at most, one short run of each row a round, the "
+                      f"order alternating (at least {MIN_ROUNDS} unless they would take over "
+                      f"{2 * BUDGET_S:.0f} s; fewer once every row's rate has a 95%% "
+                      f"interval at most {TARGET_SPREAD * 100:.0f}%% wide and every ratio "
+                      f"{TARGET_RATIO_SPREAD * 100:.0f}%%, or {BUDGET_S:.0f} s into the "
+                      "demo); the table gives their median")
+    demo.add_argument("--progress", action="store_true", help="show a progress bar per full run")
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        from ..tools.demo import run_demo
+        demo_ = run_demo(epochs=args.epochs, max_rounds=args.max_rounds, progress=args.progress)
+        return 0 if demo_.finished else 1
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
