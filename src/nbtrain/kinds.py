@@ -1,6 +1,6 @@
 """What values a setting accepts: one small class per kind of value.
 
-Each kind answers three questions that used to be answered by hand in four places:
+Each kind answers three questions in one place:
 is this value allowed (`accepts`), how is it described in an error or a help line
 (`allowed`), and how is it read from text (`parse`, for the magic's options, `--compare`
 values and the panel's text boxes). TrainConfig's declarations (config.py) pick one per

@@ -117,8 +117,7 @@ def intra_op_threads(threads: int):
 
 def resolve_threads(requested, device: torch.device, workers: int) -> Resolved:
     """Intra-op threads for the run. Worker processes load on the same cores as a CPU
-    run's matmuls: both at full width oversubscribe them (bench/threads.py: 1 worker on
-    2 cores ran 1.8x faster with 1 training thread than with 2)."""
+    run's matmuls: both at full width oversubscribe them (bench/threads.py measures it)."""
     current = torch.get_num_threads()
     if requested != "auto":
         return requested, "asked for"

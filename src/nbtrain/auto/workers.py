@@ -1,11 +1,9 @@
 """Loader workers and training threads for a CPU run, chosen by measuring them.
 
-A rule ("a worker per spare core; training keeps the other cores") lost to the plain
-loop: BERT-tiny on a map-style Dataset of small dict samples ran 1.12-1.29x slower with
-1 worker + 1 thread than with 0 workers + 2 threads on 2 cores, and with other
-processes busy on those cores torch's 2 threads collapsed (a CNN: 367 samples/s where
-1 thread ran 2,902). So "auto" times the candidate (workers, threads) pairs on the
-run's first batches, like the bf16 probe, and keeps the fastest. Measured once per
+No rule ("a worker per spare core; training keeps the other cores") beats the plain loop
+on every model and machine (docs/guide/measured.md, "Workers and threads"), so "auto"
+times the candidate (workers, threads) pairs on the run's first batches, like the bf16
+probe, and keeps the fastest. Measured once per
 model, data (what it is, not which object holds it) and machine, and again when the
 machine's load has changed a lot; never for longer than a small share of the run.
 """
@@ -190,8 +188,7 @@ def _not_every_round(found: Measured, pair: Pair, plain: Pair, extra_s: float):
     """() where `pair` beat the plain loop's by MIN_GAIN in every round both were timed
     in (its `extra_s` of worker start-up a step added), else (rounds won, rounds compared,
     *pair); () too for a measurement without rounds, whose median then decides. One slow
-    spell can make a median lie, every round rarely does: in a demo a probe timed 2 threads
-    at 25 ms a step against 10.6 ms with 1 and chose 1, which then ran 1.3x slower."""
+    spell of a shared machine can make a median lie; every round rarely does."""
     ours, theirs = found.rounds.get(pair, []), found.rounds.get(plain, [])
     compared = min(len(ours), len(theirs))
     won = sum((o + extra_s) * MIN_GAIN < t for o, t in zip(ours, theirs))
@@ -292,7 +289,7 @@ def _timed_rounds(feeds, pairs: List[Pair], step, reps: int) -> Dict[Pair, List[
 
 def _time_pair(feed, threads: int, step, reps: int, give_up_s: float = float("inf")) -> float:
     """Seconds per step with `threads` on `feed`; a pair slower than `give_up_s` per step
-    stops early (2 threads on 2 busy cores ran a tiny MLP 20x slower than 1 thread)."""
+    stops early: too many threads on busy cores can be many times slower than one."""
     torch.set_num_threads(threads)
     step(feed.next())   # untimed: the first op on a new thread count starts its threads
     feed.drain()        # what the workers loaded ahead meanwhile is no steady state

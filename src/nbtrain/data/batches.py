@@ -230,7 +230,7 @@ def workers_collect_none_of_ours():
     tensor that was garbage here in a reference cycle; one used on a second stream (the
     prefetcher's batches: Tensor.record_stream) records a CUDA event as it is freed, CUDA
     cannot run in a forked child, and the worker aborts ("CUDA error: initialization
-    error", seen on an H200)."""
+    error")."""
     _register_fork_hook()
     with _freezing_lock:
         _freezing[0] += 1

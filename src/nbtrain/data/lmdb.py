@@ -15,7 +15,7 @@ A damaged database is detected, never read as data, and never kills the process:
   (SIGABRT); in a notebook with num_workers=0 the reader is the kernel. The verdict is
   cached for that version of the file, in the process and in a small file in the cache
   folder; workers get it with the dataset. The walk reads the file once at the disk's
-  speed (bench/data_path.py: 0.15 s for 100,000 samples, 41 MB, in the page cache).
+  speed (bench/data_path.py times it).
 
 Every failure is a CorruptRecordError naming the file and the sample. A database packed
 before the checksums (format 1) still reads, with a warning that it cannot be checked.

@@ -111,7 +111,7 @@ def this_process() -> tuple:
 
 def _started_from_proc() -> float:
     """psutil's create_time() on Linux, from the two files it reads (boot time + the start
-    in clock ticks): psutil's import costs a 0.2 s watched loop 10-100 ms, this 0.1 ms."""
+    in clock ticks), without psutil's import, which a short watched loop would pay."""
     with open("/proc/self/stat") as f:   # the command name, in parentheses, may hold spaces
         ticks = int(f.read().rpartition(")")[2].split()[19])
     with open("/proc/stat") as f:

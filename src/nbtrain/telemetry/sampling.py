@@ -34,7 +34,7 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 def rss_bytes() -> int:
     """Resident memory of this process. On Linux one pread of a kept-open /proc/self/statm
-    (about 2 us); psutil opens and parses the file each call (70 us under a busy loop)."""
+    (psutil opens and parses the file each call, many times the cost)."""
     try:
         if _statm["pid"] != os.getpid():   # first call, or a forked child: its own file
             _statm["fd"] = os.open("/proc/self/statm", os.O_RDONLY)
@@ -66,8 +66,7 @@ class MemorySampler:
     plain reads), process and NVML figures at most every `every_s` seconds.
 
     Memory moves slowly next to a step, and those readings each cost a syscall (NVML: a
-    driver call), measured at ~20 us inside a busy loop: a record every few steps would
-    pay it every few steps.
+    driver call): a record every few steps would pay it every few steps.
     """
 
     def __init__(self, device: torch.device, every_s: float = 0.25):

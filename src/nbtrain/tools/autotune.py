@@ -209,8 +209,8 @@ class Trials:
 
     def __init__(self, make_model, data, loss_fn, base: TrainConfig, device: torch.device):
         self.make_model, self.data, self.loss_fn, self.base = make_model, data, loss_fn, base
-        # Records time the steps: one per step times finely, but each costs ~40 us
-        # (memory stats; on a GPU a host sync), 15% of a tiny model's step. So start at
+        # Records time the steps: one per step times finely, but each costs memory stats
+        # (on a GPU a host sync), a real share of a tiny model's step. So start at
         # 1 (5 on a GPU) and, once a step has been timed, log every ~RECORD_S seconds.
         self.log_every = 1 if device.type == "cpu" else 5
         self.adapted = False

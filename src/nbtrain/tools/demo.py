@@ -11,10 +11,9 @@ Then the timing: the other rows replayed with the settings they resolved to, one
 each (23 steps, ~0.2 s), in rounds whose order alternates (forward, then backward): at
 least MIN_ROUNDS, then until every row's rate and every ratio has an interval within its
 target, or the next round would end past BUDGET_S from the demo's start. Why so
-short: a shared machine's speed wanders by ~10% from one second to the next, and a pair
-of runs seconds apart differs by as much whether the runs last 0.25 s or 6 s
-(bench/machine_noise.py); what narrows a comparison is the number of pairs, and short
-runs give several a second. A row's gain is the median of its per-round ratios to the
+short: a shared machine's speed wanders from one second to the next, as much for short
+runs as for long ones (bench/machine_noise.py); what narrows a comparison is the number
+of pairs, and short runs give several a second. A row's gain is the median of its per-round ratios to the
 timed row above; it counts where the 95% interval of that median leaves out 1 and the
 gain is at least 10% (FACTOR), else the row says "within noise" (or "under 10%"). Its
 runs are measurements for the table, kept out of the run store (nt.runs()).
@@ -36,8 +35,7 @@ from ..data import datasets
 from ..entry import fit, watch
 
 BATCH_SIZE = 64
-# 16 passes over digits' 1,438 training images: 368 steps of ~8 ms on a 2-core EPYC, ~3 s a
-# run. The threads probe takes ~17 steps and at most 5% of a run (budget.SHARE), so a
+# 16 passes over digits' 1,438 training images: 368 steps a run. The threads probe takes ~17 steps and at most budget.SHARE of a run, so a
 # run shorter than 340 steps would keep torch's threads unmeasured; 16 epochs leave margin.
 EPOCHS = 16
 TIMING_STEPS, TIMING_LOG_EVERY = 23, 5   # each timing run: one epoch, ~0.2 s, 5 records
@@ -46,10 +44,9 @@ LEVEL = 0.95           # the intervals: 95% for the median (distribution-free)
 TARGET_SPREAD = 0.10   # rounds go on until every row's rate interval is at most this wide
 TARGET_RATIO_SPREAD = 0.04   # ... and every ratio's (+-2%), or the budget ends
 # A change counts where it is both there (its 95% interval leaves out 1) and at least 10%,
-# asv's default --factor for reporting a benchmark's change: a real 1.04x is printed with
-# its interval but not called a gain. Timed the demo's way, two rows of the same settings
-# read 1.004x (0.98-1.03) and 1.000x (0.98-1.02) apart (bench/demo_aa.py): the pairing
-# leans neither way.
+# asv's default --factor for reporting a benchmark's change: a smaller real change is
+# printed with its interval but not called a gain (bench/demo_aa.py checks that two rows of
+# the same settings read alike).
 FACTOR = 1.10
 BUDGET_S = 79.0        # no round starts that would end after this (the rows' part of 90 s)
 OWN_LOOP_EPOCHS, OWN_LOOP_ROUNDS = 4, 3
@@ -115,7 +112,7 @@ def demo_cnn() -> nn.Module:
     """The demo's CNN: two small convolutions, then two 512-wide layers (0.53M parameters).
     Its step splits between convolutions, matmuls and the optimizer's update of every
     parameter, so each toggle has work of its own to speed up (digits_cnn() is nearly all
-    convolution: there the fused AdamW's 1.08x sat inside the noise of a shared machine)."""
+    convolution, where an optimizer's gain hides in the noise)."""
     return nn.Sequential(                                        # (N, 1, 8, 8)
         nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
@@ -180,7 +177,7 @@ def round_adjusted(rates: Sequence[float], others: Sequence[Sequence[float]]) ->
     over the geometric mean of the other timed rows' rates in round k, each relative to
     its own median (1.0 in a round of typical speed). The rounds are blocks: all rows of
     one ran within a second, so a slower spell of the shared machine slows them alike
-    (bench/machine_noise.py: its speed wanders ~10% from one second to the next), and
+    (bench/machine_noise.py measures how it wanders), and
     what is left is how well this row's own rate is known. A round's speed comes from the
     other rows that have a rate in it; a round where this row or all of them have none is
     left out; no other timed row: the rates as they are."""

@@ -135,8 +135,7 @@ def prepare(run: Run, model, train_data, loss_fn, val_data, state=None,
     return setup
 
 # -- the timed "auto" choices: a small share of the run they serve -----------------------------
-# devices.measure_bf16_speedup: a warm-up step per precision, then 16 blocks of a step;
-# at most 5% of the demo's 368-step runs, so that they measure it
+# auto.precision.measure_bf16_speedup: a warm-up step per precision, then 16 blocks of a step
 BF16_PROBE_STEPS = 18
 
 

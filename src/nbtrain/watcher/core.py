@@ -175,9 +175,9 @@ class Watcher(LoaderPart, CopiesPart, PrecisionPart, StepsPart, RecordsPart, Mea
 
     # -- a torch.compile'd model: its call wrapped, its forward traced without the hooks --
     def _watch_compiled_calls(self) -> None:
-        """Global hooks make torch.compile trace every submodule's slow path (12x the
-        bytecodes of an MLP's forward, +0.2 s a compile: the corpus's compiled.py), compile
-        again where they come or go, and warn the loop. OptimizedModule's call is wrapped
+        """Global hooks make torch.compile trace every submodule's slow path (the corpus's
+        compiled.py shows the cost), compile again where they come or go, and warn the
+        loop. OptimizedModule's call is wrapped
         instead: at once where torch has the class, else from the first torch.compile."""
         frames = sys.modules.get("torch._dynamo.eval_frame")
         if frames is not None:
