@@ -24,7 +24,8 @@ pytest.importorskip("anywidget")
 pytest.importorskip("plotly")
 
 from nbtrain.config import FIELD_NAMES, GROUPS, SETTINGS  # noqa: E402
-from nbtrain.views.dashboard import Dashboard, Decimated, log_axis, planned_lr  # noqa: E402
+from nbtrain.views.dashboard import Dashboard  # noqa: E402
+from nbtrain.views.series import Decimated, log_axis, planned_lr  # noqa: E402
 from nbtrain.ui.panel import Panel  # noqa: E402
 
 LONG = 1_000_000   # max_steps of runs that the test stops
