@@ -941,3 +941,16 @@ def test_amp_fp16_with_fused_sgd_momentum_skips_a_first_step_without_a_garbage_b
     for a, b in zip(reference.parameters(), watched.parameters()):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
     assert_left_as_found()
+
+
+@pytest.mark.parametrize("body, seen", [
+    (lambda model, x: None, "no forward of a module with trainable parameters"),
+    (lambda model, x: model(x), "the forward of your Linear, but no backward()"),
+])
+def test_a_watch_that_saw_no_training_step_says_so_and_what_it_saw(body, seen):
+    model, x = nn.Linear(4, 2), torch.randn(8, 4)
+    with pytest.warns(UserWarning, match="nt.watch saw no training step") as caught:
+        with nt.watch(**QUIET) as run:
+            body(model, x)
+    assert run.state == "finished" and run.step == 0
+    assert run.message == str(caught[0].message) and seen in run.message, run.message

@@ -16,6 +16,7 @@ import contextvars
 import functools
 import signal
 import threading
+import warnings
 import weakref
 from typing import Callable, Optional
 
@@ -141,7 +142,12 @@ class watch:
             swallowed = self._watcher.finish(exc)
         finally:
             self._ctrl_c.__exit__(None, None, None)   # the handler before the watch, again
+        if self.warns_untrained and self.run.state == "finished" and self.run.step == 0:
+            warnings.warn(self.run.message, UserWarning, stacklevel=2)
         return swallowed
+
+    # %%fasttrain sets it off: a cell that trains nothing is forgotten, not warned about
+    warns_untrained = True
 
 
 # -- keeping the run: the run store and the reporters (store.py, reporters.py) ---------------------

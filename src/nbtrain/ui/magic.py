@@ -186,6 +186,7 @@ class FastTrainMagics(Magics):
             return False, []
         self._refused = []
         watch = self._cell_watch(ns, args)
+        watch.warns_untrained = False   # a cell that trains nothing is forgotten below
         out = args.out or "run"
         before = dict(ns)   # holds references, so a new object cannot reuse an old id
         run = watch.__enter__()

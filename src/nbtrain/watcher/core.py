@@ -367,6 +367,21 @@ class Watcher(LoaderPart, CopiesPart, PrecisionPart, StepsPart, RecordsPart, Mea
         else:
             state = "failed" if error is not None else "finished"
         device = self.device or torch.device("cpu")
+        untrained = self.no_training_step() if state == "finished" and run.step == 0 else None
         run.finish(state, read_rng=lambda: ckpt.rng_state(device),
-                   elapsed_s=time.perf_counter() - self._started, error=error)
+                   elapsed_s=time.perf_counter() - self._started, error=error, message=untrained)
         return isinstance(exc, StopWatching)
+
+    def no_training_step(self) -> str:
+        """What a watch that counted no training step saw, in words: a watch around code
+        that never trains must not read as a finished run."""
+        if self.model is None:
+            seen = ("no forward of a module with trainable parameters under gradients, no "
+                    "backward(), no optimizer step")
+        elif not self._trained:
+            seen = f"the forward of your {type(self.model).__name__}, but no backward()"
+        else:   # a backward's update by hand may be unseen: it counts as a step
+            seen = "backward(), but no optimizer step"
+        if self._training_loader is not None:
+            seen = f"batches of a DataLoader; {seen}"
+        return f"nt.watch saw no training step: {seen}"
