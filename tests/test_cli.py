@@ -29,9 +29,9 @@ def test_the_demo_runs_every_row_and_the_own_loop_and_prints_the_table(capsys, m
                                                                        tmp_path):
     """The whole path, made short (one round of one epoch): its figures mean nothing here,
     its structure is the demo's (tests/test_demo.py checks the verdicts)."""
-    from nbtrain.tools import demo
+    from nbtrain.tools import demo, demo_text
     monkeypatch.setenv("NBTRAIN_HOME", str(tmp_path))   # a store of its own, to see it empty
-    monkeypatch.setattr(demo.os, "getloadavg", lambda: (99.0, 99.0, 99.0))
+    monkeypatch.setattr(demo_text, "load_now", lambda: 99.0)
     result = demo.run_demo(epochs=1, max_rounds=1, min_rounds=1, own_loop_epochs=1,
                            own_loop_rounds=1)
     out = capsys.readouterr().out

@@ -269,11 +269,11 @@ class Joined(Exception):
 
 
 def rank_until(monkeypatch, log, cfg, join=None, new_group=None):
-    monkeypatch.setattr(distributed, "resolve_device",
+    monkeypatch.setattr(ranks, "resolve_device",
                         lambda requested: log.append("resolve_device") or (torch.device("cuda", 1), ""))
-    monkeypatch.setattr(distributed, "_share_cores", lambda cfg, world: 1)
+    monkeypatch.setattr(ranks, "_share_cores", lambda cfg, world: 1)
     if new_group is not None:
-        monkeypatch.setattr(distributed.dist, "new_group", new_group)
+        monkeypatch.setattr(ranks.dist, "new_group", new_group)
     blob = ranks.pack(dict(config=cfg, timeout_s=42.0, env={}))
     messages = SimpleNamespace(put=lambda message: log.append(message[0]))
     return ranks.run_rank(1, 2, blob, messages, None, join)

@@ -29,7 +29,7 @@ __all__ = ["TrainConfig", "ConfigError", "fit", "watch", "Run", "TrainingError",
            "datasets", "data", "load_ipython_extension", "unload_ipython_extension",
            "Panel", "Dashboard"]
 
-_LAZY = {"Panel": "panel", "Dashboard": "dashboard"}   # they load ipywidgets/plotly: on first use
+_LAZY = {"Panel": "ui.panel", "Dashboard": "views.dashboard"}   # they load ipywidgets/plotly: on first use
 
 
 def __getattr__(name):

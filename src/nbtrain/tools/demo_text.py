@@ -2,18 +2,17 @@
 from __future__ import annotations
 
 import math
-import os
 import textwrap
 from typing import List
 
-from ..machine import available_cores
+from ..machine import available_cores, load_now
 from .demo import FACTOR, WIDTH, Demo, Line, Row, shown
 
 
 # -- the text --------------------------------------------------------------------------------------
 def busy_note() -> str:
     """A warning when other processes load the machine: the figures will be low and noisy."""
-    load, cores = os.getloadavg()[0], available_cores()
+    load, cores = load_now(), available_cores()
     if load <= cores:
         return ""
     return (f"note: the machine is busy (load {load:.1f} on {cores} core(s)): other processes "
@@ -55,8 +54,8 @@ def resolved_table(rows: List[Row]) -> str:
         names = [name for name in row.toggle.fields if name in resolved]
         entries += [(row.label if i == 0 else "", f"{name}={shown(resolved[name][0])}",
                      resolved[name][1]) for i, name in enumerate(names)]
-    shown = max((len(e[1]) for e in entries), default=0) + 2
-    out += [f"  {label:<{width}}{setting:<{shown}}{why}" for label, setting, why in entries]
+    column = max((len(e[1]) for e in entries), default=0) + 2
+    out += [f"  {label:<{width}}{setting:<{column}}{why}" for label, setting, why in entries]
     return "\n".join(out)
 
 
