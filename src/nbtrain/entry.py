@@ -135,7 +135,7 @@ class watch:
     @property
     def trained(self) -> bool:
         """Whether the watched code ran a backward (%%fasttrain: the cell trained itself)."""
-        return self._watcher._trained
+        return self._watcher.trained
 
     def __exit__(self, kind, exc, traceback) -> bool:
         try:   # the run ends under the watch's handler: a Ctrl-C now stops, not raises

@@ -9,38 +9,39 @@ import torch
 from torch.compiler import is_compiling
 
 from ..data.moves import AheadCopies, MoveLog, plain, resolve_copies
-from .loader import AS_WRITTEN
+from .settings import AS_WRITTEN
 
 
-class CopiesPart:
-    """The Watcher's part that copies ahead (a mixin: it shares the training loader)."""
+class Copies:
+    """The watch's part that copies the training loader's batches ahead (CUDA)."""
 
-    def _init_copies(self) -> None:
-        self._copies_pending = False    # CUDA: the loop's copies of its batch are being learned
-        self._moves = None              # the first batch's MoveLog, until the next batch
-        self._copy_patches = []         # undo Tensor.to / Tensor.cuda's (_copying)
-        self._ahead = None              # AheadCopies: the batches' copies made one batch ahead
-        self._pin = False               # the batched fetch writes into pinned memory
+    def __init__(self, edge):
+        self.edge = edge
+        self.pending = False       # CUDA: the loop's copies of its batch are being learned
+        self.ahead = None          # AheadCopies: the batches' copies made one batch ahead
+        self.pin = False           # the batched fetch writes into pinned memory
+        self._moves = None         # the first batch's MoveLog, until the next batch
+        self._copy_patches = []    # undo Tensor.to / Tensor.cuda's (_copying)
 
-    def _install_copies(self) -> None:
-        self._copies_pending = self.optimize and torch.cuda.is_available() and \
-            self.run.config.prefetch_to_device is not False
-        if self._copies_pending:
-            self._copy_patches = [self._patch(torch.Tensor, name, self._copying(name))
+    def install(self) -> None:
+        edge = self.edge
+        self.pending = edge.optimize and torch.cuda.is_available() and \
+            edge.run.config.prefetch_to_device is not False
+        if self.pending:
+            self._copy_patches = [edge.patches.patch(torch.Tensor, name, self._copying(name))
                                   for name in ("to", "cuda")]
 
-    def _forget_copies(self) -> None:
+    def forget(self) -> None:
         """A batch and its copies on the GPU, not kept past the watch."""
         self._moves = None
-        if self._ahead is not None:
-            self._ahead.clear()
+        if self.ahead is not None:
+            self.ahead.clear()
 
-    def _finish_copies(self) -> None:
-        if self._copies_pending and self._training_loader is not None:
-            self._no_copies("your loop took no second batch from its loader: nothing to "
-                            "copy ahead")
+    def finish(self, has_loader: bool) -> None:
+        if self.pending and has_loader:
+            self.none("your loop took no second batch from its loader: nothing to copy ahead")
 
-    def _follow_copies(self, batch, batches):
+    def follow(self, batch, batches, loader, batched: bool):
         """At the training loader's first batch: note what the loop copies to a GPU until
         the next one. At the next: resolve pin_memory and prefetch_to_device on what it
         copied, and from the batch after it copy those tensors ahead. Returns the batches
@@ -48,57 +49,57 @@ class CopiesPart:
         if self._moves is None:
             self._moves = MoveLog(batch)
             return batches
-        log, self._moves, self._copies_pending = self._moves, None, False
-        loader, cfg, resolved = self._training_loader(), self.run.config, self.run.resolved
-        batched = resolved["batched_fetch"][0]
+        log, self._moves, self.pending = self._moves, None, False
+        cfg, resolved = self.edge.run.config, self.edge.run.resolved
         (pin, why_pin), (ahead, why_ahead) = resolve_copies(
             cfg.pin_memory, cfg.prefetch_to_device, log, loader.pin_memory,
             can_pin=batched or plain(batch))
         resolved["pin_memory"], resolved["prefetch_to_device"] = (pin, why_pin), (ahead, why_ahead)
         if not ahead:
-            self._no_copies(why_ahead)
+            self.none(why_ahead)
             return batches
-        self._pin = pin and batched   # the batched fetch writes pinned rows itself
-        self._ahead = AheadCopies(log.moved, log.target(),
-                                  pin=pin and not batched and not loader.pin_memory)
-        return self._copied_ahead(batches)
+        self.pin = pin and batched   # the batched fetch writes pinned rows itself
+        self.ahead = AheadCopies(log.moved, log.target(),
+                                 pin=pin and not batched and not loader.pin_memory)
+        return self.copied_ahead(batches)
 
-    def _no_copies(self, why: str) -> None:
+    def none(self, why: str) -> None:
         """Nothing will be copied ahead: torch's own Tensor.to and .cuda again."""
-        self._copies_pending, self._moves = False, None
+        self.pending, self._moves = False, None
         for undo in self._copy_patches:
             undo()
-        self.run.resolved["prefetch_to_device"] = (False, why)
+        self.edge.run.resolved["prefetch_to_device"] = (False, why)
 
-    def _copied_ahead(self, batches):
-        markers = {} if self.interval is None else {"markers": self.interval}   # times the waits
-        return self._ahead.batches(batches, **markers)
+    def copied_ahead(self, batches):
+        interval = self.edge.interval
+        markers = {} if interval is None else {"markers": interval}   # times the waits
+        return self.ahead.batches(batches, **markers)
 
     def _copying(self, name: str):
         """Tensor.to / Tensor.cuda for a watch on CUDA: over step 1 they note what the loop
         copies (MoveLog); once copies are made ahead, the loop's call on a tensor of its
         batch returns the copy made for it, where it asks for just that copy."""
-        watcher = self
+        part, edge = self, self.edge
 
         def wrap(original):
             def moved(tensor, *args, **kwargs):
-                if watcher._inside or is_compiling():   # traced code: torch's own, as it is
+                if edge.inside or is_compiling():   # traced code: torch's own, as it is
                     return original(tensor, *args, **kwargs)
-                ahead = watcher._ahead
+                ahead = part.ahead
                 if ahead is not None and ahead.ready:
                     copy = ahead.take(tensor, *_move_request(name, args, kwargs))
                     if copy is not None:
                         return copy
                 result = original(tensor, *args, **kwargs)
-                if watcher._moves is not None:
-                    watcher._moves.note(tensor, result, *_move_request(name, args, kwargs)[1:])
+                if part._moves is not None:
+                    part._moves.note(tensor, result, *_move_request(name, args, kwargs)[1:])
                 return result
             return moved
         return wrap
 
-    def _pin_as_found(self, loader) -> tuple:
-        """pin_memory until step 1 shows what the loop copies (_follow_copies), or for good."""
-        if loader.pin_memory or self.run.config.pin_memory is not True or self._copies_pending:
+    def pin_as_found(self, loader) -> tuple:
+        """pin_memory until step 1 shows what the loop copies (follow), or for good."""
+        if loader.pin_memory or self.edge.run.config.pin_memory is not True or self.pending:
             return loader.pin_memory, AS_WRITTEN
         if not torch.cuda.is_available():
             return False, "asked for, but there is no CUDA device: nothing to pin for"
@@ -106,13 +107,13 @@ class CopiesPart:
                        "prefetch_to_device=False): DataLoader(pin_memory=True) pins your "
                        "loader's batches")
 
-    def _why_no_copies_ahead(self) -> str:
-        """Until step 1 shows what the loop copies (_follow_copies), or for good."""
-        if self._copies_pending:
+    def why_none_ahead(self) -> str:
+        """Until step 1 shows what the loop copies (follow), or for good."""
+        if self.pending:
             return "decided after your loop's first step, on what it copies to the GPU"
-        if not self.optimize:
+        if not self.edge.optimize:
             return "off: optimize=False"
-        if self.run.config.prefetch_to_device is False:
+        if self.edge.run.config.prefetch_to_device is False:
             return "off: asked for"
         return "no CUDA device: your loop's batches need no copy to a GPU"
 

@@ -25,51 +25,49 @@ from typing import Optional
 
 import torch
 from torch.compiler import is_compiling
-from torch.optim.optimizer import (
-    register_optimizer_step_post_hook,
-    register_optimizer_step_pre_hook,
-)
-from torch.utils.data import DataLoader
 
 from .. import checkpoint as ckpt
 from ..run import Run
 from ..telemetry.timers import HostTimer, Interval, RestTimer
-from .copies import CopiesPart
-from .loader import AS_WRITTEN, LoaderPart, StopWatching, batch_dim_of, samples_in
-from .measure import MeasurePart
-from .precision import PrecisionPart
-from .records import RecordsPart
-from .steps import StepsPart
+from .copies import Copies
+from .edge import Edge, StopWatching
+from .loader import Loader, batch_dim_of, samples_in
+from .measure import Measure
+from .precision import TRIAL, Precision
+from .records import Records
+from .settings import AS_WRITTEN
+from .steps import Steps
 
 _current_node = torch._C._current_autograd_node   # not None while a backward runs
 
 
-class Watcher(LoaderPart, CopiesPart, PrecisionPart, StepsPart, RecordsPart, MeasurePart):
-    """The hooks of one watch and the bookkeeping they do; see the module's docstring."""
+class Watcher:
+    """The hooks of one watch and the parts that do its bookkeeping, each with its own
+    state; what they share is the step's edge (edge.py). See the module's docstring."""
 
     active: Optional["Watcher"] = None   # one watch at a time in a process
 
     def __init__(self, run: Run, optimize: bool, record_floor_s: float = 0.0):
         self.run, self.optimize = run, optimize
-        self.model = self.interval = self.device = None
-        self._undo = []                 # what remove() calls, last first
-        self._inside = False            # nbtrain's own code runs: its calls are not the loop's
+        self.edge = edge = Edge(run, optimize)
+        self.precision = Precision(edge)
+        self.measure = Measure(edge, self.precision, done=self._drop_forward_hooks_if_unneeded)
+        self.copies = Copies(edge)
+        self.loader = Loader(edge, self.copies, self.measure)
+        self.records = Records(edge, self.loader, record_floor_s)
+        self.steps = Steps(edge, self.precision, self.records, self.measure)
         self._depth = 0                 # module calls in progress, until the model is found
         self._forward_hooks = []        # the global forward hooks' handles, while needed
-        self._samples = 0               # samples of the step's batches not yet added to a loss
         self._batch_dim = 0             # where a forward's input holds its samples
-        self._backwards = 0             # backward() calls since the last step
-        self._trained = False           # the loop's first backward has run
-        self._at_boundary = True
-        self._started = time.perf_counter()
-        self._stop_asked = run.stop_check()
-        self._marks_steps = False       # the interval's timer marks each step's start
-        self._init_loader()
-        self._init_copies()
-        self._init_precision()
-        self._init_steps()
-        self._init_records(record_floor_s)
-        self._init_measure()
+
+    @property
+    def model(self):
+        return self.edge.model
+
+    @property
+    def trained(self) -> bool:
+        """Whether the loop's first backward has run."""
+        return self.edge.trained
 
     # -- install and undo -------------------------------------------------------------------
     def install(self) -> None:
@@ -78,7 +76,7 @@ class Watcher(LoaderPart, CopiesPart, PrecisionPart, StepsPart, RecordsPart, Mea
                                "`with nt.watch()` block first (a watch inside a watch would "
                                "count every step twice).")
         Watcher.active = self
-        self._undo.append(lambda: setattr(Watcher, "active", None))
+        self.edge.patches.keep(lambda: setattr(Watcher, "active", None))
         try:
             self._install_hooks()
         except BaseException:
@@ -86,55 +84,30 @@ class Watcher(LoaderPart, CopiesPart, PrecisionPart, StepsPart, RecordsPart, Mea
             raise
 
     def _install_hooks(self) -> None:
+        patches = self.edge.patches
         threads = self.run.config.num_threads
         if threads != "auto" and self.optimize:   # for the watch only, as fit does
             before = torch.get_num_threads()
             torch.set_num_threads(threads)
-            self._keep(lambda: torch.set_num_threads(before))
+            patches.keep(lambda: torch.set_num_threads(before))
             self.run.resolved["num_threads"] = (threads, "asked for (for the watch only)")
-        self._keep(register_optimizer_step_pre_hook(self._before_step).remove)
-        self._keep(register_optimizer_step_post_hook(self._after_step).remove)
+        self.steps.install()
         self._add_forward_hooks()
-        self._keep(self._remove_forward_hooks)
+        patches.keep(self._remove_forward_hooks)
         self._watch_compiled_calls()
-        self._patch(torch.Tensor, "backward", self._wrap_backward)
-        self._patch(DataLoader, "__iter__", self._wrap_iter)
-        self._keep(self._stop_shadow_workers)   # undone first: before torch's iterator is back
-        self._install_steps()
-        self._install_records()
-        self._install_precision()
-        self._install_copies()
-
-    def _keep(self, undo) -> None:
-        self._undo.append(undo)
-
-    def _patch(self, owner, name: str, make):
-        """Replace `owner.name` with `make(original)` until remove(); an inherited one (a
-        C method of TensorBase) is removed again rather than set, so that lookup finds the
-        very object it found before. Returns the function that undoes it."""
-        own = name in owner.__dict__
-        original = owner.__dict__[name] if own else getattr(owner, name)
-        setattr(owner, name, make(getattr(owner, name)))
-        undone = []
-
-        def undo() -> None:   # once: some patches are undone early (host reads, copies)
-            if not undone:
-                undone.append(True)
-                setattr(owner, name, original) if own else delattr(owner, name)
-        self._undo.append(undo)
-        return undo
+        patches.patch(torch.Tensor, "backward", self._wrap_backward)
+        self.loader.install()
+        self.records.install()
+        self.precision.install()
+        self.copies.install()
 
     def remove(self) -> None:
         """Undo every hook and patch, last first, whatever else fails."""
-        self._end_measuring()
-        self._exit_autocast()
-        self._take_back_scale()   # a step that failed: no post hook took them back
-        self._forget_copies()
-        while self._undo:
-            try:
-                self._undo.pop()()
-            except Exception:   # the next undo still runs
-                pass
+        self.measure.end()
+        self.precision.exit_autocast()
+        self.precision.take_back_scale()   # a step that failed: no post hook took them back
+        self.copies.forget()
+        self.edge.patches.undo_all()
 
     # -- the model's forward: global hooks, since a hook on the model would travel with it --
     def _add_forward_hooks(self) -> None:
@@ -181,9 +154,9 @@ class Watcher(LoaderPart, CopiesPart, PrecisionPart, StepsPart, RecordsPart, Mea
         instead: at once where torch has the class, else from the first torch.compile."""
         frames = sys.modules.get("torch._dynamo.eval_frame")
         if frames is not None:
-            self._patch(frames.OptimizedModule, "__call__", self._wrap_compiled_call)
+            self.edge.patches.patch(frames.OptimizedModule, "__call__", self._wrap_compiled_call)
         else:
-            self._patch(torch, "compile", self._wrap_compile)
+            self.edge.patches.patch(torch, "compile", self._wrap_compile)
 
     def _wrap_compile(self, original):
         watcher, wrapped = self, []
@@ -197,7 +170,7 @@ class Watcher(LoaderPart, CopiesPart, PrecisionPart, StepsPart, RecordsPart, Mea
             frames = sys.modules.get("torch._dynamo.eval_frame")
             if not wrapped and frames is not None and Watcher.active is watcher:
                 wrapped.append(True)
-                watcher._patch(frames.OptimizedModule, "__call__", watcher._wrap_compiled_call)
+                watcher.edge.patches.patch(frames.OptimizedModule, "__call__", watcher._wrap_compiled_call)
             return result
         return compile
 
@@ -205,7 +178,7 @@ class Watcher(LoaderPart, CopiesPart, PrecisionPart, StepsPart, RecordsPart, Mea
         watcher = self
 
         def __call__(module, /, *args, **kwargs):
-            if watcher._inside or not watcher._forward_hooks:
+            if watcher.edge.inside or not watcher._forward_hooks:
                 return original(module, *args, **kwargs)
             try:   # what the hooks would do, as torch's _call_impl runs them
                 changed = watcher._forward_starts(module, args)
@@ -224,29 +197,31 @@ class Watcher(LoaderPart, CopiesPart, PrecisionPart, StepsPart, RecordsPart, Mea
         """Whether the model's forward still needs the hooks (each one takes every module
         call off nn.Module's fast path: a sixth of what a watch added to a small step,
         bench/instructions.py)."""
-        return self.model is None or self._training_loader is None or self._changes_forward()
+        return self.edge.model is None or self.loader.training is None or \
+            self.precision.changes_forward() or self.measure.undecided()
 
     def _drop_forward_hooks_if_unneeded(self) -> None:
         if self._forward_hooks and not self._forward_needed():
             self._remove_forward_hooks()
 
     def _forward_starts(self, module, args):
-        if is_compiling() or self._inside:   # traced by torch.compile: the hook is not there
+        edge = self.edge
+        if is_compiling() or edge.inside:   # traced by torch.compile: the hook is not there
             return None
-        if module is not self.model:
-            if self.model is None:
+        if module is not edge.model:
+            if edge.model is None:
                 self._look_for_model(module)
             return None
         if _current_node() is not None:   # recomputed in a backward (checkpointing)
             return None
-        if self._at_boundary:
-            self._stop_if_asked()
+        if edge.at_boundary:
+            edge.stop_if_asked()
         if torch.is_grad_enabled():   # an evaluation forward (no_grad) is no step's
-            if self._training_loader is None:   # else the training batch starts the step
-                if self._marks_steps:
-                    self.interval.step_starts()
-                self._forward_of_step()
-        return self._forward_changed(args)
+            if self.loader.training is None:   # else the training batch starts the step
+                if edge.marks_steps:
+                    edge.interval.step_starts()
+                self.measure.step_starts()
+        return self.precision.forward_changed(args)
 
     def _look_for_model(self, module) -> None:
         if self._depth == 0 and torch.is_grad_enabled() and \
@@ -256,107 +231,106 @@ class Watcher(LoaderPart, CopiesPart, PrecisionPart, StepsPart, RecordsPart, Mea
             self._depth += 1
 
     def _forward_ends(self, module, args, kwargs, output):
-        if is_compiling() or self._inside:
+        edge = self.edge
+        if is_compiling() or edge.inside:
             return None
-        if module is not self.model:
-            if self.model is None:
+        if module is not edge.model:
+            if edge.model is None:
                 self._depth -= 1
             return None
         if _current_node() is not None:
             return None
-        if self._training_loader is None and torch.is_grad_enabled():
-            self._samples += samples_in(args, kwargs, self._batch_dim)   # no DataLoader
-        return self._forward_done(output)
+        if self.loader.training is None and torch.is_grad_enabled():
+            edge.samples += samples_in(args, kwargs, self._batch_dim)   # no DataLoader
+        return self.precision.forward_done(output)
 
     def _found_model(self, model) -> None:
         """The model the loop trains, at the start of its first forward: what depends on it
         is resolved from what the watch knows; nothing is run to find out."""
-        self.model = model
+        edge = self.edge
+        edge.model = model
         self.run.equip(model=model)
         self._batch_dim = batch_dim_of(model)
         device = next(p for p in model.parameters() if p.requires_grad).device
         self._ensure_interval(device)
         self.run.resolved.setdefault("num_threads", (torch.get_num_threads(),
                                                      AS_WRITTEN + " (torch's setting)"))
-        self._resolve_precision(model)
-        self._plan_measuring(model)
-        if self._copies_pending and self._training_loader is None:
-            self._no_copies("your loop iterates no DataLoader (its model ran before any batch)")
+        amp = self.precision.resolve(model)
+        self.measure.plan(model, bf16_trial=amp[0] == TRIAL)
+        if self.copies.pending and self.loader.training is None:
+            self.copies.none("your loop iterates no DataLoader (its model ran before any batch)")
 
     def _ensure_interval(self, device: torch.device) -> Interval:
-        if self.interval is None:
-            self.device = device
+        edge = self.edge
+        if edge.interval is None:
+            edge.device = device
             self.run.resolved["loop"] = ("your own", "nt.watch: the loop you wrote, watched")
             self.run.resolved.setdefault("device", (str(device), "your loop's: where the model is"))
             # on the CPU a step's compute is what its data wait leaves (data wait: the
             # loader's time; compute: the rest), with no timer call per step (RestTimer)
-            self.interval = Interval(device, self.run.step, self.run.config.telemetry,
+            edge.interval = Interval(device, self.run.step, self.run.config.telemetry,
                                      host_timer=RestTimer if device.type == "cpu" else HostTimer)
-            self._marks_steps = self.interval.timer.marks_steps   # step_starts counts
+            edge.marks_steps = edge.interval.timer.marks_steps   # step_starts counts
             if device.type == "cuda":   # the watch's peak, not the kernel's
                 torch.cuda.reset_peak_memory_stats(device)
-        return self.interval
+        return edge.interval
 
     # -- backward: the loss, one micro-batch ------------------------------------------------
     def _wrap_backward(self, original):
-        watcher = self
+        watcher, edge, steps, measure = self, self.edge, self.steps, self.measure
+        scaled = self.precision.scaled_for_backward
 
         def backward(tensor, *args, **kwargs):
-            if watcher._inside:
+            if edge.inside:
                 return original(tensor, *args, **kwargs)
             watcher._on_backward(tensor)
-            result = original(watcher._scaled_for_backward(tensor), *args, **kwargs)
-            if watcher._hand is not None:
-                watcher._hand.note()
-                if watcher._count is not None:   # by hand: a count ends with its backward
-                    watcher._counted_backward()
+            result = original(scaled(tensor), *args, **kwargs)
+            if steps.hand is not None:
+                steps.hand.note()
+                if measure.count is not None:   # by hand: a count ends with its backward
+                    measure.counted_backward(steps.micro_last)
             return result
         return backward
 
     def _on_backward(self, loss: torch.Tensor) -> None:
-        if self._backwards and self._hand is not None and self._hand.updated():
-            self._close_step()   # a loop updating by hand: its update came before this
-        if self._at_boundary:
-            if self._stop_asked():   # _stop_if_asked, inlined: this runs every step
+        edge, steps = self.edge, self.steps
+        if edge.backwards and steps.hand is not None and steps.hand.updated():
+            steps.close()   # a loop updating by hand: its update came before this
+        if edge.at_boundary:
+            if edge.stop_asked():   # Edge.stop_if_asked, inlined: this runs every step
                 raise StopWatching()
-            self._at_boundary = False
-        if not self._trained:
+            edge.at_boundary = False
+        if not edge.trained:
             self._first_backward(loss)
-        self._add_loss(loss, self._samples)
-        self._samples = 0
-        self._backwards += 1
+        self.records.add_loss(loss, edge.samples)
+        edge.samples = 0
+        edge.backwards += 1
 
     def _first_backward(self, loss: torch.Tensor) -> None:
-        self._trained = True
-        self._adopt_loader()
+        self.edge.trained = True
+        self.loader.adopt()
         self._ensure_interval(loss.device)
-        self._watch_hand_updates(loss)
+        self.steps.watch_hand_updates(loss)
         self._drop_forward_hooks_if_unneeded()
-
-    def _stop_if_asked(self) -> None:
-        """End the loop at the step boundary: after a finished step, before the next one
-        has changed anything (its batch may be loaded; its forward has not run). Called
-        only at a boundary: the callers, which run every step, check `_at_boundary` first."""
-        if self._stop_asked():   # Run.stop_requested, one call where the property makes two
-            raise StopWatching()
 
     # -- the end ------------------------------------------------------------------------------
     def finish(self, exc: Optional[BaseException]) -> bool:
         """End the Run: undo every hook first, then the last records, then the state.
         True when `exc` is the watch's own stop (the with block swallows it)."""
-        self._last_update()
+        self.precision.last_update()
         self.remove()
-        run, interval = self.run, self.interval
-        self._finish_copies()
-        self._say_what_was_not_measured()
+        edge, run = self.edge, self.run
+        interval = edge.interval
+        self.copies.finish(has_loader=self.loader.training is not None)
+        self.measure.say_what_was_not_measured()
         if interval is not None:
             with contextlib.suppress(Exception):   # the user's error is the one to report
-                if exc is None and self._hand is not None and self._backwards:
-                    self._close_step(measure=False)   # the last update by hand ran after its backward
+                if exc is None and self.steps.hand is not None and edge.backwards:
+                    self.steps.close(measure=False)   # the last update by hand ran after its backward
                 interval.drop_unfinished_step()
                 if interval.steps:
-                    self._log()
-                self._flush()
+                    self.records.log()
+                self.records.flush()
         # after the last records: a non-finite loss in them stops the run too (run.diverge)
         stopped = isinstance(exc, StopWatching) or (exc is None and run.stop_requested)
         error = exc if exc is not None and not isinstance(
@@ -366,22 +340,23 @@ class Watcher(LoaderPart, CopiesPart, PrecisionPart, StepsPart, RecordsPart, Mea
                 else "stopped"
         else:
             state = "failed" if error is not None else "finished"
-        device = self.device or torch.device("cpu")
+        device = edge.device or torch.device("cpu")
         untrained = self.no_training_step() if state == "finished" and run.step == 0 else None
         run.finish(state, read_rng=lambda: ckpt.rng_state(device),
-                   elapsed_s=time.perf_counter() - self._started, error=error, message=untrained)
+                   elapsed_s=time.perf_counter() - edge.started, error=error, message=untrained)
         return isinstance(exc, StopWatching)
 
     def no_training_step(self) -> str:
         """What a watch that counted no training step saw, in words: a watch around code
         that never trains must not read as a finished run."""
-        if self.model is None:
+        model = self.edge.model
+        if model is None:
             seen = ("no forward of a module with trainable parameters under gradients, no "
                     "backward(), no optimizer step")
-        elif not self._trained:
-            seen = f"the forward of your {type(self.model).__name__}, but no backward()"
+        elif not self.edge.trained:
+            seen = f"the forward of your {type(model).__name__}, but no backward()"
         else:   # a backward's update by hand may be unseen: it counts as a step
             seen = "backward(), but no optimizer step"
-        if self._training_loader is not None:
+        if self.loader.training is not None:
             seen = f"batches of a DataLoader; {seen}"
         return f"nt.watch saw no training step: {seen}"

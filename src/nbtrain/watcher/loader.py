@@ -30,57 +30,60 @@ from ..data.batches import (
 )
 from ..data.nested import batch_len
 from ..machine import available_cores
+from .edge import StopWatching
+from .settings import AS_WRITTEN
 
-AS_WRITTEN = "your loop's own"
 WAITS_FOR_DATA = 0.25   # a quarter of an epoch waiting for data: worker processes may pay
 WORKERS_KEPT = 1.10     # a trial epoch with workers is kept only this much faster per batch
 
 
-class StopWatching(BaseException):
-    """Raised into the user's loop at a step boundary after Stop or Ctrl-C; the watch
-    swallows it. A BaseException, as KeyboardInterrupt, so `except Exception` in the loop
-    does not catch it (nor does `except KeyboardInterrupt`)."""
+class Loader:
+    """The watch's part that wraps DataLoader.__iter__: it times the data wait, counts the
+    training loader's epochs, batches and samples, and changes where batches come from
+    (the batched fetch, workers). It hands the batches to the copies part and starts a
+    FLOP count due (the measuring part) at a training batch."""
 
-
-class LoaderPart:
-    """The Watcher's part that wraps DataLoader.__iter__ (a mixin: it shares the watch's
-    run, interval and stop check)."""
-
-    def _init_loader(self) -> None:
-        self._training_loader = None    # weakref to the loader the loop trains on
-        self._last_loader = None        # weakref to the loader iterated last (_adopt_loader)
-        self._collates_tensors = False  # the loop's DataLoader collates tensors sample by sample
+    def __init__(self, edge, copies, measure):
+        self.edge, self.copies, self.measure = edge, copies, measure
+        self.training = None            # weakref to the loader the loop trains on
+        self.collates_tensors = False   # the loop's DataLoader collates tensors sample by sample
+        self._last_loader = None        # weakref to the loader iterated last (adopt)
         self._epoch_wait = None         # the share of the last whole epoch spent waiting for data
         self._epoch_s = 0.0             # how long that epoch took
         self._per_batch_s = None        # its time per batch, its first batch left out
         self._chosen_workers = None     # None: not decided yet; 0: none (or tried, and lost)
         self._worker_trial = None       # (workers, the epoch before's per batch) while tried
-        self._waited_s = 0.0            # the whole watch's data wait (measure.py's trial)
         self._other_samples = 0         # the last batch of another loader, until the first backward
         self._shadows = weakref.WeakKeyDictionary()           # your loader -> one with workers
         self._shadow_iterators = weakref.WeakKeyDictionary()  # your loader -> that one's iterator
 
+    def install(self) -> None:
+        patches = self.edge.patches
+        patches.patch(DataLoader, "__iter__", self._wrap_iter)
+        patches.keep(self.stop_workers)   # undone first: before torch's iterator is back
+
     def _wrap_iter(self, original):
-        watcher = self
+        part, edge = self, self.edge
 
         def __iter__(loader):
-            if watcher._inside:
+            if edge.inside:
                 return original(loader)
-            return watcher._timed_batches(loader, original)
+            return part._timed_batches(loader, original)
         return __iter__
 
     def _timed_batches(self, loader, original):
         self._new_epoch(loader)
-        training = self._training_loader() is loader
+        edge, copies, measure = self.edge, self.copies, self.measure
+        training = self.training() is loader
         with workers_collect_none_of_ours():   # iter() forks the workers
             batches = iter(self._source(loader, original))
-        if training and self._ahead is not None:
-            batches = self._copied_ahead(batches)
+        if training and copies.ahead is not None:
+            batches = copies.copied_ahead(batches)
         clock = time.perf_counter   # locals: they run every batch
-        stop_asked = self._stop_asked
+        stop_asked = edge.stop_asked
         epoch_start, waited, fetched, first_s = clock(), 0.0, 0, 0.0
         while True:
-            if self._at_boundary and stop_asked():   # Watcher._stop_if_asked, inlined
+            if edge.at_boundary and stop_asked():   # Edge.stop_if_asked, inlined
                 raise StopWatching()
             start = clock()
             try:
@@ -94,21 +97,22 @@ class LoaderPart:
                 if not fetched:   # a worker's start: left out of the per-batch figure
                     first_s = clock() - epoch_start
                 waited += wait
-                self._waited_s += wait
-                interval = self.interval
+                edge.waited_s += wait
+                interval = edge.interval
                 if interval is not None:
                     interval.data_wait_s += wait
             fetched += 1
             if training:   # the samples of a step are its training batches' (a GAN's once)
-                self._samples += _batch_samples(batch)
-                self._batches += 1
-                if self._marks_steps:   # CUDA: the step's work starts with its batch
+                edge.samples += _batch_samples(batch)
+                edge.batches += 1
+                if edge.marks_steps:   # CUDA: the step's work starts with its batch
                     interval.step_starts()
-                if self._count is not None:
-                    self._forward_of_step()
-                if self._copies_pending:
-                    batches = self._follow_copies(batch, batches)
-            elif not self._trained:   # another loader's batch may be the first one trained on
+                if measure.count is not None:
+                    measure.step_starts()
+                if copies.pending:
+                    batches = copies.follow(batch, batches, loader,
+                                            edge.run.resolved["batched_fetch"][0])
+            elif not edge.trained:   # another loader's batch may be the first one trained on
                 self._other_samples = _batch_samples(batch)
             yield batch
 
@@ -122,8 +126,10 @@ class LoaderPart:
             return original(loader)
         shadow = self._shadows.get(loader)
         if shadow is None or shadow.num_workers != workers:
-            pin = loader.pin_memory or self._ahead is not None and self._ahead.pin
-            shadow = self._shadows[loader] = _served_by_workers(loader, workers, self.run.config, pin)
+            ahead = self.copies.ahead
+            pin = loader.pin_memory or ahead is not None and ahead.pin
+            shadow = self._shadows[loader] = _served_by_workers(loader, workers,
+                                                                self.edge.run.config, pin)
         elif loader in self._shadow_iterators:
             # kept workers reset their iterator without its base-seed draw: draw it as the
             # loader's own new iterator would, so the sampler's order stays the loader's
@@ -135,14 +141,14 @@ class LoaderPart:
         """Worker processes for the loop's per-sample loader: as asked, or, with "auto",
         once a whole epoch of the loop itself waited for data a real share of its time
         (measured on the loop's own steps: nothing is run to find out)."""
-        cfg = self.run.config
-        if not self.optimize or self._training_loader() is not loader or _batchable(loader) \
+        run = self.edge.run
+        cfg = run.config
+        if not self.edge.optimize or self.training() is not loader or _batchable(loader) \
                 or isinstance(loader.dataset, IterableDataset) or loader.batch_sampler is None:
             return 0
         if cfg.num_workers != "auto":
-            self.run.resolved["num_workers"] = (cfg.num_workers, "asked for: your loader's "
-                                                "batches loaded by that many worker(s), for "
-                                                "the watch only")
+            run.resolved["num_workers"] = (cfg.num_workers, "asked for: your loader's batches "
+                                           "loaded by that many worker(s), for the watch only")
             return cfg.num_workers
         if self._chosen_workers is None and self._epoch_wait is not None and not loader.num_workers:
             self._chosen_workers = self._choose_workers(self._epoch_wait)
@@ -155,19 +161,21 @@ class LoaderPart:
         cores = available_cores()
         if share < WAITS_FOR_DATA or cores < 2:
             return 0
-        if self._bf16_undecided():   # its trial would time both epochs: after it
+        if self.measure.undecided():   # its trial would time both epochs: after it
             return None
-        workers, epoch = min(8, cores - 1), self.run.epoch   # fit's rule: training keeps a core
+        run = self.edge.run
+        workers, epoch = min(8, cores - 1), run.epoch   # fit's rule: training keeps a core
         risk_s = share * self._epoch_s
         waited = f"the loop waited for data {share:.0%} of epoch {epoch}"
-        if not budget.affordable(risk_s, self._measured_s, time.perf_counter() - self._started):
-            self.run.resolved["num_workers"] = (0, (
+        ran_s = time.perf_counter() - self.edge.started
+        if not budget.affordable(risk_s, self.measure.measured_s, ran_s):
+            run.resolved["num_workers"] = (0, (
                 f"{waited}: {workers} worker(s) are tried for an epoch once what a trial that "
                 f"loses could cost (that wait, {risk_s:.2f} s) is at most {budget.words()} of "
                 "the time run so far"))
             return None
         self._worker_trial = (workers, self._per_batch_s)
-        self.run.resolved["num_workers"] = (workers, (
+        run.resolved["num_workers"] = (workers, (
             f"{waited}: epoch {epoch + 1} is loaded by {workers} worker(s) (your loader's "
             f"sampler, generator and collate; for the watch only), kept if its batches come "
             f"{WORKERS_KEPT:.2f}x as fast"))
@@ -184,76 +192,78 @@ class LoaderPart:
         self._per_batch_s = per_batch
 
     def _judge_workers(self, per_batch: float) -> None:
-        (workers, before), epoch = self._worker_trial, self.run.epoch + 1
+        run = self.edge.run
+        (workers, before), epoch = self._worker_trial, run.epoch + 1
         self._worker_trial = None
         gain = before / max(per_batch, 1e-12)
         if gain >= WORKERS_KEPT:
-            self.run.resolved["num_workers"] = (workers, (
+            run.resolved["num_workers"] = (workers, (
                 f"{workers} worker(s) tried in epoch {epoch}: {gain:.2f}x the batches per "
                 f"second of epoch {epoch - 1}, kept (your loader's sampler, generator and "
                 "collate; for the watch only)"))
             return
         self._chosen_workers = 0
-        self._stop_shadow_workers()
-        self.run.resolved["num_workers"] = (0, (
+        self.stop_workers()
+        run.resolved["num_workers"] = (0, (
             f"{workers} worker(s) tried in epoch {epoch}: {gain:.2f}x the batches per second "
             f"of epoch {epoch - 1}, not {WORKERS_KEPT:.2f}x: your loader as it is again "
             f"from epoch {epoch + 1}"))
 
-    def _stop_shadow_workers(self) -> None:
+    def stop_workers(self) -> None:
         for loader, iterator in list(self._shadow_iterators.items()):
             stop_workers(iterator, self._shadows.get(loader))
         self._shadows.clear()
 
     def _new_epoch(self, loader) -> None:
         """Each pass over the training loader starts an epoch. Until the loop's first
-        backward, the training loader is the first one iterated (_adopt_loader checks it)."""
-        if not self._trained:
+        backward, the training loader is the first one iterated (adopt checks it)."""
+        if not self.edge.trained:
             self._last_loader = weakref.ref(loader)
-        if self._training_loader is None:
-            self._training_loader = weakref.ref(loader)
-            self._describe_loader(loader)
-        elif self._training_loader() is loader:
-            self.run.next_epoch()
-        elif self._training_loader() is None:   # a loop that makes its loader each epoch
-            self._training_loader = weakref.ref(loader)
-            self._describe_loader(loader)
-            self.run.next_epoch()
+        if self.training is None:
+            self.training = weakref.ref(loader)
+            self._describe(loader)
+        elif self.training() is loader:
+            self.edge.run.next_epoch()
+        elif self.training() is None:   # a loop that makes its loader each epoch
+            self.training = weakref.ref(loader)
+            self._describe(loader)
+            self.edge.run.next_epoch()
 
-    def _adopt_loader(self) -> None:
+    def adopt(self) -> None:
         """At the loop's first backward: the loader whose batch it trains on is the one
         iterated last (a loop that evaluates on its test loader first trains on another)."""
         last = self._last_loader() if self._last_loader is not None else None
         self._last_loader = None
-        if last is None or self._training_loader is None or self._training_loader() is last:
+        if last is None or self.training is None or self.training() is last:
             return
-        self._training_loader = weakref.ref(last)
-        self._describe_loader(last)
-        self._samples = self._other_samples   # the first loader's batches were no step's
+        self.training = weakref.ref(last)
+        self._describe(last)
+        self.edge.samples = self._other_samples   # the first loader's batches were no step's
 
-    def _describe_loader(self, loader) -> None:
+    def _describe(self, loader) -> None:
         self._epoch_wait = self._per_batch_s = self._worker_trial = None   # another loader's
         self._epoch_s = 0.0
-        resolved, cfg = self.run.resolved, self.run.config
+        edge = self.edge
+        resolved, cfg = edge.run.resolved, edge.run.config
         resolved["num_workers"] = (loader.num_workers, AS_WRITTEN)
-        resolved["pin_memory"] = self._pin_as_found(loader)
-        resolved["prefetch_to_device"] = (False, self._why_no_copies_ahead())
+        resolved["pin_memory"] = self.copies.pin_as_found(loader)
+        resolved["prefetch_to_device"] = (False, self.copies.why_none_ahead())
         why_not = _why_not_batchable(loader)
         possible = not why_not
         if cfg.batched_fetch is True and not possible:
             why = "not possible for this DataLoader: " + why_not
-        elif not self.optimize or cfg.batched_fetch is False:
-            why = "off: " + ("optimize=False" if not self.optimize else "asked for")
+        elif not edge.optimize or cfg.batched_fetch is False:
+            why = "off: " + ("optimize=False" if not edge.optimize else "asked for")
         else:
             why = why_not or ("a TensorDataset with the default collate: one index op per "
                               "batch instead of a __getitem__ per sample, the same batches in "
                               "the same order")
-        resolved["batched_fetch"] = (bool(self.optimize and possible
+        resolved["batched_fetch"] = (bool(edge.optimize and possible
                                           and cfg.batched_fetch is not False), why)
-        self._collates_tensors = possible and not resolved["batched_fetch"][0]
+        self.collates_tensors = possible and not resolved["batched_fetch"][0]
 
     def _batched(self, loader) -> bool:
-        return self._training_loader() is loader and self.run.resolved["batched_fetch"][0]
+        return self.training() is loader and self.edge.run.resolved["batched_fetch"][0]
 
     def _fetch_batched(self, loader):
         """The DataLoader's batches, each with one index op per tensor: what its own
@@ -264,7 +274,7 @@ class LoaderPart:
         tensors = loader.dataset.tensors
         pin = loader.pin_memory and torch.cuda.is_available()
         for index in _batch_indices(loader):
-            if pin or self._pin:
+            if pin or self.copies.pin:
                 yield [pinned_rows(t, index) for t in tensors]
             else:
                 yield [t.index_select(0, index) for t in tensors]   # = t[index], at half its cost

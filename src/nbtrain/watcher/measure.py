@@ -30,6 +30,7 @@ from ..auto.precision import (
     remember_bf16_gain,
 )
 from ..machine import load_now
+from .precision import bf16_key
 
 BLOCK_S = 0.03       # a trial block's length: many steps of a small model, a few of a large one
 BLOCK_STEPS = 3      # at least
@@ -37,145 +38,156 @@ COUNT_COST = 3.0     # a step under the FLOP count takes up to ~this many steps 
 PEAK_PROBE_S = 1.0   # what a GEMM probe of the peak may take (flops.probe_gemm)
 
 
-class MeasurePart:
-    """The Watcher's part that measures within the budget (a mixin)."""
+class Measure:
+    """The watch's part that measures within the budget: the bf16 trial (it sets the
+    precision part's amp while it runs), the FLOP count, the peak. `done` is called once
+    nothing is left to measure (the watch may then drop its forward hooks)."""
 
-    def _init_measure(self) -> None:
-        self._measuring = False    # a part is pending or running: step ends look (fast flag)
-        self._measured_s = 0.0     # what the measuring cost the loop so far
+    def __init__(self, edge, precision, done):
+        self.edge, self.precision, self._done = edge, precision, done
+        self.pending = False       # a part is pending or running: step ends look (fast flag)
+        self.measured_s = 0.0      # what the measuring cost the loop so far
+        self.count = None          # "due": the next step is counted; a FlopCount while it runs
         self._trial = None         # Bf16Trial, until decided
-        self._count = None         # "due": the next step is counted; a FlopCount while it runs
         self._count_key = None
         self._peak_due = False
         self._compiled = False
         self._conv_share = 0.0
 
-    def _plan_measuring(self, model) -> None:
+    def plan(self, model, bf16_trial: bool) -> None:
+        """At the model's first forward: what is to be measured on it."""
+        if bf16_trial:
+            self._trial = Bf16Trial(load=load_now())   # before the loop's own steps add to it
+            self.pending = True
         self._compiled = type(model).__name__ == "OptimizedModule"
-        if not self.run.config.count_flops:
+        resolved = self.edge.run.resolved
+        if not self.edge.run.config.count_flops:
             return
         if self._compiled:
-            self.run.resolved["flops_per_step"] = (None, "not counted: a torch.compile'd model "
-                                                   "(a counting mode would run it uncompiled)")
+            resolved["flops_per_step"] = (None, "not counted: a torch.compile'd model "
+                                          "(a counting mode would run it uncompiled)")
             return
-        self._count_key = (self._bf16_key(model), str(self.device))
+        self._count_key = (bf16_key(model, self.edge.device), str(self.edge.device))
         counted = _COUNTED.get(self._count_key)
         if counted is not None:
             self._set_flops(*counted, "counted before in this process for this model")
         self._peak_due = True
-        self._measuring = True
+        self.pending = True
 
-    def _plan_bf16_trial(self, why: str) -> None:
-        self._trial = Bf16Trial(load=load_now())   # before the loop's own steps add to it
-        self._measuring = True
-
-    def _bf16_undecided(self) -> bool:
+    def undecided(self) -> bool:
+        """Whether bf16 is still to be decided by a trial on the loop's steps."""
         return self._trial is not None
 
     # -- at each step's end while something is pending ---------------------------------------
-    def _forward_of_step(self) -> None:
+    def step_starts(self) -> None:
         """A step starts (its first forward, or its training batch): a count due starts."""
-        if self._count == "due":
-            self._count = FlopCount()
-            self._count.start()
+        if self.count == "due":
+            self.count = FlopCount()
+            self.count.start()
 
-    def _measure_at_step_end(self) -> None:
+    def step_ends(self, by_hand: bool) -> None:
+        """A step ended; `by_hand`: the loop updates by hand, so a count ends with its
+        backward (counted_backward) instead."""
         now = time.perf_counter()
-        if isinstance(self._count, FlopCount):
-            if self._hand is None:   # by hand, the count ends with its backward
+        if isinstance(self.count, FlopCount):
+            if not by_hand:
                 self._end_flop_count(now)
         elif self._trial is not None and self._trial.running:
             self._trial_step(now)
         else:
             self._start_what_is_affordable(now)
-        self._measuring = self._trial is not None or self._count is not None or \
-            self._peak_due or (self.run.config.count_flops and not self._compiled
-                               and "flops_per_step" not in self.run.resolved)
-        if not self._measuring:
+        self.pending = self._trial is not None or self.count is not None or \
+            self._peak_due or self._flops_wanted()
+        if not self.pending:
             self._say_what_measuring_cost()
-            self._drop_forward_hooks_if_unneeded()
+            self._done()
+
+    def _flops_wanted(self) -> bool:
+        return self.edge.run.config.count_flops and not self._compiled and \
+            "flops_per_step" not in self.edge.run.resolved
 
     def _start_what_is_affordable(self, now: float) -> None:
         step_s = self._step_s(now)
         if self._trial is not None:
             if self._affordable(self._trial.cost_s(step_s), now):
                 now = self._gpu_done(now)
-                self._trial.start(step_s, now, self._waited_s, self.run.step + 1)
-                self.amp = self._trial.mode
+                self._trial.start(step_s, now, self.edge.waited_s, self.edge.run.step + 1)
+                self.precision.amp = self._trial.mode
             return   # the FLOPs and the peak after the trial: the peak depends on the amp
-        if self.run.config.count_flops and not self._compiled and \
-                "flops_per_step" not in self.run.resolved:
+        if self._flops_wanted():
             if self._affordable(COUNT_COST * step_s, now):
-                self._count = "due"
+                self.count = "due"
             return
         if self._peak_due:
-            cost = 0.0 if flops.peak_known(self.device, self.amp) else PEAK_PROBE_S
+            cost = 0.0 if flops.peak_known(self.edge.device, self.precision.amp) else PEAK_PROBE_S
             if self._affordable(cost, now):
                 self._probe_peak()
 
     def _affordable(self, cost_s: float, now: float) -> bool:
-        return budget.affordable(cost_s, self._measured_s, now - self._started)
+        return budget.affordable(cost_s, self.measured_s, now - self.edge.started)
 
     def _step_s(self, now: float) -> float:
         """The loop's mean time per step so far (its setup before step 1 included: an
         estimate on the safe side)."""
-        return (now - self._started - self._measured_s) / max(self.run.step, 1)
+        return (now - self.edge.started - self.measured_s) / max(self.edge.run.step, 1)
 
     def _spent(self, seconds: float) -> None:
         """Measuring time the loop waited for: counted, and taken out of the open record's
         time (the loop's throughput is the loop's)."""
         seconds = max(seconds, 0.0)
-        self._measured_s += seconds
-        self.interval.t0 += min(seconds, time.perf_counter() - self.interval.t0)
+        self.measured_s += seconds
+        interval = self.edge.interval
+        interval.t0 += min(seconds, time.perf_counter() - interval.t0)
 
     # -- 1. the bf16 trial ------------------------------------------------------------------
     def _trial_step(self, now: float) -> None:
-        trial = self._trial
+        trial, edge = self._trial, self.edge
         if trial.ends_block():
             now = self._gpu_done(now)
-        trial.step_done(now, self._waited_s)
+        trial.step_done(now, edge.waited_s)
         if trial.running:
-            self.amp = trial.mode
+            self.precision.amp = trial.mode
             return
         self._trial = None
         keep, gain, why = trial.verdict()
-        self.amp = "bf16" if keep else "off"
+        self.precision.amp = amp = "bf16" if keep else "off"
         self._spent(trial.extra_s())
         if trial.decisive():
-            remember_bf16_gain(self._bf16_key(self.model), gain, trial.load)
-        self.run.resolved["amp"] = (self.amp, f"{bf16_units(self.device)}; {why} (measured on "
-                                    f"your loop's own steps {trial.first_step}-{self.run.step})")
-        self._drop_forward_hooks_if_unneeded()
+            remember_bf16_gain(bf16_key(edge.model, edge.device), gain, trial.load)
+        edge.run.resolved["amp"] = (amp, f"{bf16_units(edge.device)}; {why} (measured on "
+                                    f"your loop's own steps {trial.first_step}-{edge.run.step})")
+        self._done()
 
     def _gpu_done(self, now: float) -> float:
         """On a GPU, a trial block's edge waits for the kernels queued so far, so that each
         block is timed by the GPU's work, not by how far ahead the host queued it (one
         sync a block, 8 in a trial); on a CPU, `now` as it is."""
-        if self.device.type != "cuda":
+        if self.edge.device.type != "cuda":
             return now
-        torch.cuda.synchronize(self.device)
+        torch.cuda.synchronize(self.edge.device)
         return time.perf_counter()
 
     # -- 2. the FLOP count ------------------------------------------------------------------
     def _end_flop_count(self, now: float) -> None:
-        count, self._count = self._count, None
+        count, self.count = self.count, None
         count.stop()
         self._spent(now - count.started - self._step_s(now))
         self._counted(count.total, count.conv_share(),
-                      f"counted on your loop's step {self.run.step} as it ran")
+                      f"counted on your loop's step {self.edge.run.step} as it ran")
 
-    def _counted_backward(self) -> None:
+    def counted_backward(self, per_step: int) -> None:
         """A loop updating by hand ends its step at its next backward: its count is one
-        forward and backward, times the backwards of a step."""
-        if not isinstance(self._count, FlopCount):
+        forward and backward, times the `per_step` backwards of a step."""
+        if not isinstance(self.count, FlopCount):
             return
-        count, self._count = self._count, None
+        count, self.count = self.count, None
         count.stop()
         now = time.perf_counter()
-        self._spent(now - count.started - self._step_s(now) / max(self._micro_last, 1))
-        self._counted(count.total * self._micro_last, count.conv_share(),
-                      f"counted on a forward and backward of your loop's step {self.run.step + 1} "
-                      f"as it ran, x {self._micro_last} backward() a step")
+        per_step = max(per_step, 1)
+        self._spent(now - count.started - self._step_s(now) / per_step)
+        self._counted(count.total * per_step, count.conv_share(),
+                      f"counted on a forward and backward of your loop's step "
+                      f"{self.edge.run.step + 1} as it ran, x {per_step} backward() a step")
 
     def _counted(self, total: int, share: float, how: str) -> None:
         _COUNTED[self._count_key] = (total, share)
@@ -183,41 +195,42 @@ class MeasurePart:
 
     def _set_flops(self, total: int, share: float, how: str) -> None:
         self._conv_share = share
-        self.run.resolved["flops_per_step"] = (total, f"{total / 1e9:.4g} GFLOP: {flops.COUNTED}, "
-                                               f"{how} (torch's FLOP formulas)")
+        self.edge.run.resolved["flops_per_step"] = (
+            total, f"{total / 1e9:.4g} GFLOP: {flops.COUNTED}, {how} (torch's FLOP formulas)")
 
     # -- 3. the peak --------------------------------------------------------------------------
     def _probe_peak(self) -> None:
-        started = time.perf_counter()
-        self._inside = True
+        started, edge = time.perf_counter(), self.edge
+        edge.inside = True
         try:
-            self.run.resolved["peak_tflops"] = flops.run_peak(
-                self.device, self.amp, torch.get_num_threads(), self._conv_share)
+            edge.run.resolved["peak_tflops"] = flops.run_peak(
+                edge.device, self.precision.amp, torch.get_num_threads(), self._conv_share)
         except Exception as exc:
-            self.run.resolved["peak_tflops"] = (None, f"not measured ({type(exc).__name__}: {exc})")
+            edge.run.resolved["peak_tflops"] = (None, f"not measured ({type(exc).__name__}: {exc})")
         finally:
-            self._inside = False
+            edge.inside = False
         self._peak_due = False
         self._spent(time.perf_counter() - started)
 
     # -- the end ----------------------------------------------------------------------------
-    def _end_measuring(self) -> None:
+    def end(self) -> None:
         """A count still running (the loop ended or failed in its step): its mode off."""
-        if isinstance(self._count, FlopCount):
-            self._count.stop()
-        self._count = None
+        if isinstance(self.count, FlopCount):
+            self.count.stop()
+        self.count = None
         if self._trial is not None and self._trial.running:
-            self.amp = "off"
+            self.precision.amp = "off"
 
-    def _say_what_was_not_measured(self) -> None:
-        ran = time.perf_counter() - self._started
+    def say_what_was_not_measured(self) -> None:
+        edge = self.edge
+        ran = time.perf_counter() - edge.started
         why = (f"your loop ended after {ran:.2f} s, before measuring cost at most "
                f"{budget.words()} of it")
-        resolved = self.run.resolved
+        resolved = edge.run.resolved
         if self._trial is not None:
-            resolved["amp"] = ("off", f"{bf16_units(self.device)}, but {why}: fp32, as written")
+            resolved["amp"] = ("off", f"{bf16_units(edge.device)}, but {why}: fp32, as written")
             self._trial = None
-        if self.run.config.count_flops and not self._compiled and self.model is not None \
+        if edge.run.config.count_flops and not self._compiled and edge.model is not None \
                 and "flops_per_step" not in resolved:
             resolved["flops_per_step"] = (None, f"not counted: {why}")
         if self._peak_due and "peak_tflops" not in resolved:
@@ -225,10 +238,10 @@ class MeasurePart:
         self._say_what_measuring_cost()
 
     def _say_what_measuring_cost(self) -> None:
-        ran = max(time.perf_counter() - self._started, 1e-9)
-        self.run.resolved["measuring_s"] = (round(self._measured_s, 4), (
-            f"the watch's measuring took {self._measured_s * 1e3:.1f} ms, "
-            f"{self._measured_s / ran:.1%} of the {ran:.2f} s watched; each part started only "
+        ran = max(time.perf_counter() - self.edge.started, 1e-9)
+        self.edge.run.resolved["measuring_s"] = (round(self.measured_s, 4), (
+            f"the watch's measuring took {self.measured_s * 1e3:.1f} ms, "
+            f"{self.measured_s / ran:.1%} of the {ran:.2f} s watched; each part started only "
             f"where it would cost at most {budget.words()} of the time run so far"))
 
 

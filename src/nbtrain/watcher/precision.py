@@ -19,10 +19,12 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TRIAL = "trial"   # amp_choice's value where bf16 is measured on the loop's own steps
 
 
-class PrecisionPart:
-    """The Watcher's part that changes the model's forward (a mixin)."""
+class Precision:
+    """The watch's part that changes the model's forward: autocast, channels_last, and
+    fp16's GradScaler through the backward and step hooks."""
 
-    def _init_precision(self) -> None:
+    def __init__(self, edge):
+        self.edge = edge
         self.amp = "off"
         self.scaler = None              # amp='fp16': the GradScaler the hooks apply
         self._to_channels_last = False  # channels_last=True: convert at the next forward
@@ -33,60 +35,62 @@ class PrecisionPart:
         self._in_kernel = set()         # ids of those inf-checked this step: gradients still scaled
         self._set_aside = []            # (param, grad) of a step skipped on inf, until after it
 
-    def _install_precision(self) -> None:
+    def install(self) -> None:
         for name in ("clip_grad_norm_", "clip_grad_value_"):   # fp16: the scale, along
-            self._patch(torch.nn.utils, name, self._wrap_clip)
+            self.edge.patches.patch(torch.nn.utils, name, self._wrap_clip)
 
-    def _resolve_precision(self, model) -> None:
-        requested = self.run.config.amp
-        if self.optimize and requested != "off" and torch.is_autocast_enabled(self.device.type):
+    def resolve(self, model) -> tuple:
+        """amp and channels_last for the model found; returns the amp choice, (TRIAL, why)
+        where bf16 is to be measured on the loop's own steps (fp32 until then)."""
+        edge = self.edge
+        run, device = edge.run, edge.device
+        requested = run.config.amp
+        if edge.optimize and requested != "off" and torch.is_autocast_enabled(device.type):
             choice = ("off", "your loop runs its forward under its own autocast: kept as it is")
         else:
-            choice = amp_choice(requested, self.device, self.optimize, self._bf16_key(model))
-        if choice[0] == TRIAL:
-            self._plan_bf16_trial(choice[1])
-            choice = ("off", choice[1])
-        self.run.resolved["amp"] = choice
-        self.amp = choice[0]
+            choice = amp_choice(requested, device, edge.optimize, bf16_key(model, device))
+        run.resolved["amp"] = ("off", choice[1]) if choice[0] == TRIAL else choice
+        self.amp = run.resolved["amp"][0]
         if self.amp == "fp16":
-            self.scaler = torch.amp.GradScaler(self.device.type)
-            self.run.equip(scaler=self.scaler)
-        self._to_channels_last = self.optimize and self.run.config.channels_last is True
+            self.scaler = torch.amp.GradScaler(device.type)
+            run.equip(scaler=self.scaler)
+        self._to_channels_last = edge.optimize and run.config.channels_last is True
+        return choice
 
-    def _bf16_key(self, model) -> tuple:
-        """What a bf16 measurement depends on: the model's key and the device's name."""
-        return "watch", model_key(model), device_name(self.device)
+    def changes_forward(self) -> bool:
+        return self.amp != "off" or self._to_channels_last
 
-    def _changes_forward(self) -> bool:
-        return self.amp != "off" or self._to_channels_last or self._bf16_undecided()
+    def stepped_scaled(self) -> bool:
+        """fp16: a step left gradients set aside or a fused kernel holding the scale."""
+        return bool(self._set_aside or self._kernel_scaled)
 
     # -- the model's forward --------------------------------------------------------------
-    def _forward_changed(self, args):
+    def forward_changed(self, args):
         """At the model's forward: autocast entered; channels_last inputs. The new args, or
         None for the loop's own."""
         if self.amp != "off":
-            context = torch.autocast(self.device.type, dtype=DTYPES[self.amp])
+            context = torch.autocast(self.edge.device.type, dtype=DTYPES[self.amp])
             context.__enter__()
             self._autocast.append(context)
         if not self._to_channels_last:
             return None
         if not self._channels_last:   # the second forward: the first backward is done
-            if self._trained:
-                self._convert_to_channels_last(self.model)
+            if self.edge.trained:
+                self._convert_to_channels_last(self.edge.model)
             else:
                 return None
         return tuple(a.contiguous(memory_format=torch.channels_last)
                      if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in args)
 
-    def _forward_done(self, output):
+    def forward_done(self, output):
         if not self._autocast:
             return None
-        self._exit_autocast()
+        self.exit_autocast()
         # the loop computes its loss outside the forward: give it fp32 outputs, as autocast
         # would give its loss function (cross_entropy and friends autocast to fp32)
         return _as_float32(output)
 
-    def _exit_autocast(self) -> None:
+    def exit_autocast(self) -> None:
         while self._autocast:
             self._autocast.pop().__exit__(None, None, None)
 
@@ -96,23 +100,23 @@ class PrecisionPart:
         Parameter objects, laid out as they were again on the way out."""
         model.to(memory_format=torch.channels_last)
         self._channels_last = True
-        self._keep(lambda: model.to(memory_format=torch.contiguous_format))
-        self.run.resolved["channels_last"] = (True, "asked for: the model's 4-d weights and "
-                                                    "inputs in NHWC, for the watch only")
+        self.edge.patches.keep(lambda: model.to(memory_format=torch.contiguous_format))
+        self.edge.run.resolved["channels_last"] = (True, "asked for: the model's 4-d weights "
+                                                         "and inputs in NHWC, for the watch only")
 
     # -- fp16: a GradScaler through the hooks, as scaler.scale / unscale_ / step / update --
-    def _scaled_for_backward(self, loss):
+    def scaled_for_backward(self, loss):
         """fp16: the loss the backward runs on, scaled (after the last step's update)."""
         if self.scaler is None:
             return loss
         self._update_scale()
-        self._inside = True
+        self.edge.inside = True
         try:
             return self.scaler.scale(loss)
         finally:
-            self._inside = False
+            self.edge.inside = False
 
-    def _last_update(self) -> None:
+    def last_update(self) -> None:
         """The last step's update at the end: the Run's scaler is current."""
         if self.scaler is not None:
             with contextlib.suppress(Exception):
@@ -126,17 +130,17 @@ class PrecisionPart:
             self._unscaled.clear()
             self._in_kernel.clear()
 
-    def _unscale_or_skip(self, optimizer) -> None:
+    def unscale_or_skip(self, optimizer) -> None:
         """Before `optimizer` steps: its gradients unscaled (GradScaler.unscale_); with an
         inf or NaN among them the step is skipped, as GradScaler.step skips it: without a
         gradient, torch's optimizers leave a parameter and its state as they are. The
-        gradients are set aside for the step and given back after it (_after_step)."""
+        gradients are set aside for the step and given back after it (after_scaled_step)."""
         if id(optimizer) in self._unscaled:
             return
         if _kernel_takes_the_scale(optimizer):
             self._hand_scale_to_kernel(optimizer)
             return
-        self._inside = True   # the inf check's .item() is not the loop's host read
+        self.edge.inside = True   # the inf check's .item() is not the loop's host read
         try:
             self.scaler.unscale_(optimizer)
             self._unscaled.add(id(optimizer))
@@ -144,7 +148,7 @@ class PrecisionPart:
             state = self.scaler._per_optimizer_states[id(optimizer)]
             found_inf = sum(v.item() for v in state["found_inf_per_device"].values())
         finally:
-            self._inside = False
+            self.edge.inside = False
         if found_inf:
             for group in optimizer.param_groups:
                 for param in group["params"]:
@@ -157,21 +161,21 @@ class PrecisionPart:
         kernel, given `grad_scale` and `found_inf` as attributes: what GradScaler.step does
         for one (`_step_supports_amp_scaling`). The inf check stays on the device, so the
         step has no host read; the gradients stay scaled (_wrap_clip scales a clip's limit
-        along), and the attributes go again after the step (_after_step)."""
+        along), and the attributes go again after the step (after_scaled_step)."""
         scaler = self.scaler
-        self._inside = True
+        self.edge.inside = True
         try:
             found = scaler._check_inf_per_device(optimizer)   # counts infs, unscales nothing
             scale = scaler._get_scale_async()
             optimizer.grad_scale = scale
             optimizer.found_inf = sum(t.to(scale.device, non_blocking=True) for t in found.values())
         finally:
-            self._inside = False
+            self.edge.inside = False
         self._unscaled.add(id(optimizer))   # inf-checked: the step's update() counts it
         self._in_kernel.add(id(optimizer))
         self._kernel_scaled.append(optimizer)
 
-    def _take_back_scale(self) -> None:
+    def take_back_scale(self) -> None:
         """After a fused step: its kernel has unscaled the gradients in place."""
         while self._kernel_scaled:
             optimizer = self._kernel_scaled.pop()
@@ -179,38 +183,44 @@ class PrecisionPart:
             for name in ("grad_scale", "found_inf"):
                 optimizer.__dict__.pop(name, None)
 
-    def _after_scaled_step(self) -> None:
+    def after_scaled_step(self) -> None:
         """fp16: a skipped step's gradients back, as GradScaler leaves them; a fused
         optimizer's scale taken back."""
         while self._set_aside:
             param, grad = self._set_aside.pop()
             param.grad = grad
         if self._kernel_scaled:
-            self._take_back_scale()
+            self.take_back_scale()
 
     def _wrap_clip(self, original):
         """torch.nn.utils.clip_grad_norm_ / clip_grad_value_ on the scaled gradients of an
         fp16 watch: the limit scaled along, the norm returned unscaled, so the loop clips
         its true gradients, as with scaler.unscale_(opt) before the clip."""
-        watcher = self
+        part, edge = self, self.edge
         by_norm = original.__name__ == "clip_grad_norm_"
 
         @functools.wraps(original)
         def clip(parameters, limit, *args, **kwargs):
-            scaler = watcher.scaler
+            scaler = part.scaler
             # the gradients are true once an optimizer has unscaled them in place
-            if scaler is None or watcher._inside or watcher._unscaled - watcher._in_kernel:
+            if scaler is None or edge.inside or part._unscaled - part._in_kernel:
                 return original(parameters, limit, *args, **kwargs)
             # a norm's limit may be a tensor (max_norm / total_norm): the scale stays on the
-            # device; clamp's limits are numbers, read under _inside (not the loop's read)
-            watcher._inside = True
+            # device; clamp's limits are numbers, read under `inside` (not the loop's read)
+            edge.inside = True
             try:
                 scale = scaler._get_scale_async() if by_norm else scaler.get_scale()
             finally:
-                watcher._inside = False
+                edge.inside = False
             result = original(parameters, limit * scale, *args, **kwargs)
             return result / scale if isinstance(result, torch.Tensor) else result
         return clip
+
+
+def bf16_key(model, device) -> tuple:
+    """What a bf16 measurement (and a FLOP count) depends on: the model's key and the
+    device's name."""
+    return "watch", model_key(model), device_name(device)
 
 
 def amp_choice(requested: str, device: torch.device, optimize: bool, key):

@@ -21,10 +21,13 @@ READS = ("item", "tolist")   # the host reads counted when the tensor has a grap
 READS_COUNTED_FOR = 30   # steps; then the rate counted stands (_stop_counting_reads)
 
 
-class RecordsPart:
-    """The Watcher's part that records (a mixin: it shares the run and the interval)."""
+class Records:
+    """The watch's part that records: the losses, a record every `log_every` steps, the
+    loop's host reads. It reads from the loader part whether the training loader collates
+    tensors sample by sample (a count of the records)."""
 
-    def _init_records(self, record_floor_s: float) -> None:
+    def __init__(self, edge, loader, record_floor_s: float):
+        self.edge, self.loader = edge, loader
         self._host_reads = 0
         self._read_patches = []         # undo the host-read counters (after READS_COUNTED_FOR)
         self._reads_counted = []        # (host reads, steps) of each interval so far
@@ -33,17 +36,19 @@ class RecordsPart:
         self._keeps_losses = False      # the loop keeps them (seen over READS_COUNTED_FOR steps)
         self._reads_at_once = None      # each loss read as a float: the first loss on the CPU
         self._loop_scaled = None        # (the loop's GradScaler's last output, that scaler)
-        self._log_every = self._record_at = self.run.config.log_every   # the interval's steps
-        self._record_floor_s = record_floor_s                 # at the next record (_record_due)
+        self._log_every = edge.run.config.log_every
+        self.record_at = self._log_every   # the interval's steps at the next record (record_due)
+        self._record_floor_s = record_floor_s
         self._describe_log_every()
 
-    def _install_records(self) -> None:
-        self._read_patches = [self._patch(torch.Tensor, name, self._counting(name in READS))
+    def install(self) -> None:
+        patch = self.edge.patches.patch
+        self._read_patches = [patch(torch.Tensor, name, self._counting(name in READS))
                               for name in (*READS, "cpu", "numpy")]
-        self._patch(torch.amp.GradScaler, "scale", self._noting_scale)
+        patch(torch.amp.GradScaler, "scale", self._noting_scale)
 
     # -- the loss -----------------------------------------------------------------------------
-    def _add_loss(self, loss: torch.Tensor, samples: int) -> None:
+    def add_loss(self, loss: torch.Tensor, samples: int) -> None:
         if self._reads_at_once is None:   # the first loss's device says, for the whole watch:
             self._reads_at_once = loss.is_cpu   # an interval's losses are all floats or all tensors
         if self._loop_scaled is not None and self._loop_scaled[0]() is loss:
@@ -55,18 +60,18 @@ class RecordsPart:
         else:
             value = value.detach()
             value = value if value.dim() == 0 else value.float().mean()
-        self.interval.add(value, samples)
+        self.edge.interval.add(value, samples)
         if self._read_patches:   # kept losses are looked for over the host reads' steps
             self._losses.append(weakref.ref(loss))
 
     def _noting_scale(self, original):
         """GradScaler.scale, noting the scaled loss of a loop with its own scaler."""
-        watcher = self
+        part, edge = self, self.edge
 
         def scale(scaler, outputs):
             scaled = original(scaler, outputs)
-            if not watcher._inside and isinstance(scaled, torch.Tensor) and scaled is not outputs:
-                watcher._loop_scaled = (weakref.ref(scaled), scaler)
+            if not edge.inside and isinstance(scaled, torch.Tensor) and scaled is not outputs:
+                part._loop_scaled = (weakref.ref(scaled), scaler)
             return scaled
         scale.__wrapped__ = original
         return scale
@@ -79,74 +84,75 @@ class RecordsPart:
                   f"at most {every * RECORDS_MERGED} steps apart (from step {READS_COUNTED_FOR}): "
                   f"a record costs the loop ~50 us; nt.watch(log_every={every}) records "
                   f"exactly every {every}")
-        self.run.resolved["log_every"] = (every, why)
+        self.edge.run.resolved["log_every"] = (every, why)
 
-    def _record_due(self) -> None:
+    def record_due(self) -> None:
         """log_every more steps: a record, or, where the default's records would come closer
         together than RECORD_EVERY_S, a look again after log_every more. While host reads
-        are counted, a record every log_every steps (_log counts them per record). Losses
+        are counted, a record every log_every steps (log counts them per record). Losses
         read at once (the CPU) are looked at each time: a non-finite one is recorded now,
         so that on_nan='stop' ends the loop as soon as without the floor."""
-        interval = self.interval
+        interval = self.edge.interval
         if self._read_patches or not self._record_floor_s or \
                 interval.steps >= self._log_every * RECORDS_MERGED or \
                 time.perf_counter() - interval.t0 >= self._record_floor_s:
-            self._log()
+            self.log()
         elif self._reads_at_once and not math.isfinite(sum(interval.losses)):
-            self._log(flush=True)   # its record now, not at the next close
+            self.log(flush=True)   # its record now, not at the next close
         else:
-            self._record_at += self._log_every
+            self.record_at += self._log_every
             return
-        self._record_at = self._log_every
+        self.record_at = self._log_every
 
-    def _log(self, flush: bool = False) -> None:
+    def log(self, flush: bool = False) -> None:
         """Close the interval with the loop's counts since the last record (counted here,
         not per step: each call in a step is time the loop waits for); `flush`: emit its
         record now (Interval.close emits the one before)."""
-        interval = self.interval
+        edge = self.edge
+        interval, run = edge.interval, edge.run
         if self._read_patches:
             reads = self._host_reads
             self._reads_counted.append((reads, interval.steps))
             # a loss still alive after its step: the loop keeps it, and with it its graph
             self._keeps_losses = any((t := ref()) is not None and t.requires_grad
                                      for ref in list(self._losses)[:-1])
-            if self.run.step >= READS_COUNTED_FOR:
+            if run.step >= READS_COUNTED_FOR:
                 self._stop_counting_reads()
         else:
             reads = self._reads_per_step * interval.steps
         interval.count("host_reads", reads)
-        if self._collates_tensors:   # every sample of the training loader's batches
+        if self.loader.collates_tensors:   # every sample of the training loader's batches
             interval.count("collated_samples", interval.samples)
         interval.count("kept_losses", interval.steps * self._keeps_losses)
         self._host_reads = 0
-        self._inside = True   # the record's reads of the losses are not the loop's
+        edge.inside = True   # the record's reads of the losses are not the loop's
         try:
-            log_interval(self.run, interval, _lr(self.run.optimizer))
+            log_interval(run, interval, _lr(run.optimizer))
             if flush:
-                flush_interval(self.run, interval)
+                flush_interval(run, interval)
         finally:
-            self._inside = False
+            edge.inside = False
 
-    def _flush(self) -> None:
-        flush_interval(self.run, self.interval)
+    def flush(self) -> None:
+        flush_interval(self.edge.run, self.edge.interval)
 
     # -- host reads ---------------------------------------------------------------------------
     def _counting(self, grad_counts: bool):
         """A wrapper that counts a host read of a tensor on a device, or (item, tolist) of
         one computed with gradients: the loop's loss.item(), not a CPU index's."""
-        watcher = self
+        part, edge = self, self.edge
 
         def wrap(original):
             if grad_counts:   # item(), tolist(): no arguments; the optimizers call item()
                 def read(tensor):   # on their CPU step counts, so this runs often
-                    if (tensor.requires_grad or not tensor.is_cpu) and not watcher._inside:
-                        watcher._host_reads += 1
+                    if (tensor.requires_grad or not tensor.is_cpu) and not edge.inside:
+                        part._host_reads += 1
                     return original(tensor)
                 return read
 
             def read_to(tensor, *args, **kwargs):
-                if not tensor.is_cpu and not watcher._inside:
-                    watcher._host_reads += 1
+                if not tensor.is_cpu and not edge.inside:
+                    part._host_reads += 1
                 return original(tensor, *args, **kwargs)
             return read_to
         return wrap

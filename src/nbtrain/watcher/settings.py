@@ -6,6 +6,8 @@ import functools
 
 from ..config import SETTINGS, ConfigError, TrainConfig, as_config
 
+AS_WRITTEN = "your loop's own"   # why a setting is as the loop has it
+
 # The TrainConfig fields a watch can apply to someone else's loop; the rest (epochs,
 # batch_size, optimizer, lr, scheduler, ...) the loop itself decides.
 OWN_LOOP_FIELDS = ("amp", "batched_fetch", "pin_memory", "prefetch_to_device", "num_workers",

@@ -22,128 +22,144 @@ import weakref
 from collections import deque
 
 import torch
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
 
 from ..train.optim import apply_impl, impl_for
 
 
-class StepsPart:
-    """The Watcher's part that ends steps (a mixin: it shares the run and the interval)."""
+class Steps:
+    """The watch's part that ends steps: the optimizers' step hooks, or a loop's updates by
+    hand. At a step's end it asks the records part for a record due and the measuring part
+    to look; around an fp16 step, the precision part unscales."""
 
-    def _init_steps(self) -> None:
+    def __init__(self, edge, precision, records, measure):
+        self.edge, self.precision, self.records, self.measure = edge, precision, records, measure
+        self.hand = None                # HandSteps: while no optimizer has stepped
+        self.micro_last = 1             # backward() calls of the last step
         self._lead = None               # the first optimizer to step
         self._stepped = set()           # ids of the optimizers that stepped in this step
         self._per_step = 1              # the most optimizers that stepped in one step
         self._optimizers = weakref.WeakSet()
         self._flags_as_found = weakref.WeakKeyDictionary()   # optimizer -> its groups' flags
-        self._hand = None               # HandSteps: while no optimizer has stepped
-        self._batches = 0               # training batches since the last step (loader.py)
-        self._micro_last = 1            # backward() calls of the last step
 
-    def _install_steps(self) -> None:
-        self._patch(torch.optim.Optimizer, "state_dict", self._wrap_state_dict)
+    def install(self) -> None:
+        patches = self.edge.patches
+        patches.keep(register_optimizer_step_pre_hook(self._before_step).remove)
+        patches.keep(register_optimizer_step_post_hook(self._after_step).remove)
+        patches.patch(torch.optim.Optimizer, "state_dict", self._wrap_state_dict)
 
     # -- optimizer steps ------------------------------------------------------------------
     def _before_step(self, optimizer, args, kwargs) -> None:
-        if self._inside:
+        edge = self.edge
+        if edge.inside:
             return
         if optimizer not in self._optimizers:
             self._adopt(optimizer)
-        if self._backwards:
-            if self.scaler is not None:
-                self._unscale_or_skip(optimizer)
+        if edge.backwards:
+            if self.precision.scaler is not None:
+                self.precision.unscale_or_skip(optimizer)
             # a second Ctrl-C waits until the step is counted (Run.enter, as an attribute
             # set: this runs every step, and a call costs more than the set)
-            self.run.phase = "update"
+            edge.run.phase = "update"
 
     def _adopt(self, optimizer) -> None:
         """An optimizer seen for the first time (before its first step of the watch)."""
+        edge = self.edge
+        run = edge.run
         self._optimizers.add(optimizer)
-        if self.run.optimizer is None:
-            self.run.equip(optimizer=optimizer)
+        if run.optimizer is None:
+            run.equip(optimizer=optimizer)
         device = optimizer.param_groups[0]["params"][0].device
-        impl, why = impl_for(optimizer, device, self.run.config.optimizer_impl, self.optimize)
-        self.run.resolved.setdefault("optimizer_impl", (impl, why))
+        impl, why = impl_for(optimizer, device, run.config.optimizer_impl, edge.optimize)
+        run.resolved.setdefault("optimizer_impl", (impl, why))
         if impl in ("fused", "foreach"):
             self._flags_as_found[optimizer] = [_flags(g) for g in optimizer.param_groups]
-        self._keep(apply_impl(optimizer, impl))
+        edge.patches.keep(apply_impl(optimizer, impl))
 
     def _after_step(self, optimizer, args, kwargs) -> None:
-        if self._set_aside or self._kernel_scaled:
-            self._after_scaled_step()
-        if self._inside:
+        edge = self.edge
+        if self.precision.stepped_scaled():
+            self.precision.after_scaled_step()
+        if edge.inside:
             return
         if self._lead is None:
-            self._lead, self._hand = optimizer, None
-            self._describe_steps()
-        if self._backwards and self._starts_a_step(optimizer):
-            self._close_step()
+            self._lead, self.hand = optimizer, None
+            self._describe()
+        if edge.backwards and self._starts_a_step(optimizer):
+            self.close()
             self._stepped = {id(optimizer)}
-        elif self._backwards:   # its backwards belong to the step just ended
-            self.interval.extend_step()
-            self._backwards = 0
+        elif edge.backwards:   # its backwards belong to the step just ended
+            edge.interval.extend_step()
+            edge.backwards = 0
             self._stepped.add(id(optimizer))
         else:   # a second optimizer on the same backward: the same step
             self._stepped.add(id(optimizer))
         if len(self._stepped) > self._per_step:
             self._per_step = len(self._stepped)
-            self._describe_steps()
+            self._describe()
         # with several optimizers a step, the boundary is after the last of them
-        self._at_boundary = len(self._stepped) >= self._per_step
+        edge.at_boundary = len(self._stepped) >= self._per_step
 
     def _starts_a_step(self, optimizer) -> bool:
         """An optimizer step ends a step of the Run unless it follows another optimizer's
         step with no training batch between and did not step itself since: a GAN's
         generator after its discriminator, on the same batch."""
-        return self._batches > 0 or not self._stepped or id(optimizer) in self._stepped
+        return self.edge.batches > 0 or not self._stepped or id(optimizer) in self._stepped
 
-    def _close_step(self, measure: bool = True) -> None:
-        run, interval = self.run, self.interval
-        run.advance(self._batches or self._backwards)
-        self._micro_last = self._backwards
-        self._backwards = self._batches = 0
+    def close(self, measure: bool = True) -> None:
+        """The step ends: counted, its record if one is due, the measuring part told."""
+        edge = self.edge
+        run, interval = edge.run, edge.interval
+        run.advance(edge.batches or edge.backwards)
+        self.micro_last = edge.backwards
+        edge.backwards = edge.batches = 0
         interval.end_step()
-        if interval.steps == self._record_at:
-            self._record_due()
+        if interval.steps == self.records.record_at:
+            self.records.record_due()
         run.phase = "load"   # Run.enter, inlined (above)
-        self._at_boundary = True
-        if measure and self._measuring:
-            self._measure_at_step_end()
+        edge.at_boundary = True
+        if measure and self.measure.pending:
+            self.measure.step_ends(by_hand=self.hand is not None)
 
-    def _describe_steps(self) -> None:
+    def _describe(self) -> None:
+        resolved = self.edge.run.resolved
         if self._lead is None:
             why = ("your loop updates its parameters itself (no optimizer stepped): a step "
                    "ends where the gradient of a parameter is zeroed or the parameter "
                    "updated before the next backward()")
-            self.run.resolved["step"] = ("an update by hand", why)
+            resolved["step"] = ("an update by hand", why)
             return
         name = type(self._lead).__name__
         if self._per_step < 2:
-            self.run.resolved["step"] = ("an optimizer step", f"each step of your {name}")
+            resolved["step"] = ("an optimizer step", f"each step of your {name}")
             return
-        self.run.resolved["step"] = ("a training batch", (
+        resolved["step"] = ("a training batch", (
             f"{self._per_step} optimizers step in one step of your loop: a step of the Run ends "
             "at an optimizer's step that follows a new training batch (or that optimizer's "
             "own last step); the others' steps after it, on the same batch, are part of it"))
 
     # -- updates by hand --------------------------------------------------------------------
-    def _watch_hand_updates(self, loss: torch.Tensor) -> None:
+    def watch_hand_updates(self, loss: torch.Tensor) -> None:
         """At the first backward: until an optimizer steps, a leaf of its graph tells
         where a step ends."""
         if self._lead is not None:
             return
         leaf = _a_leaf(loss)
         if leaf is not None:
-            self._hand = HandSteps(leaf)
-            self._describe_steps()
+            self.hand = HandSteps(leaf)
+            self._describe()
 
     # -- what the loop's checkpoints see ----------------------------------------------------
     def _wrap_state_dict(self, original):
-        watcher = self
+        found_flags = self._flags_as_found
 
         @functools.wraps(original)
         def state_dict(optimizer):
             state = original(optimizer)
-            found = watcher._flags_as_found.get(optimizer)
+            found = found_flags.get(optimizer)
             if found is not None:   # the kernel is the watch's: the flags the loop gave
                 state["param_groups"] = [_with_flags(g, flags) for g, flags
                                          in zip(state["param_groups"], found)]
