@@ -225,6 +225,10 @@ class Interval:
         self.micro += 1
         self.samples += samples
 
+    def add_samples(self, samples: int) -> None:
+        """Samples of a step whose loss the loop computed out of sight (no backward)."""
+        self.samples += samples
+
     def count(self, name: str, n: int = 1) -> None:
         """Add `n` to a per-interval counter; its record has `<name>_per_step`."""
         self.counts[name] = self.counts.get(name, 0) + n

@@ -55,7 +55,8 @@ class Watcher:
         self.copies = Copies(edge)
         self.loader = Loader(edge, self.copies, self.measure)
         self.records = Records(edge, self.loader, record_floor_s)
-        self.steps = Steps(edge, self.precision, self.records, self.measure)
+        self.steps = Steps(edge, self.precision, self.records, self.measure,
+                           first_sign=self._first_sign)
         self._depth = 0                 # module calls in progress, until the model is found
         self._forward_hooks = []        # the global forward hooks' handles, while needed
         self._batch_dim = 0             # where a forward's input holds its samples
@@ -95,7 +96,10 @@ class Watcher:
         self._add_forward_hooks()
         patches.keep(self._remove_forward_hooks)
         self._watch_compiled_calls()
-        patches.patch(torch.Tensor, "backward", self._wrap_backward)
+        # Tensor.backward calls torch.autograd.backward by its module's name: one patch
+        # sees both ways of running a backward
+        patches.patch(torch.autograd, "backward", self._wrap_backward)
+        patches.patch(torch.autograd, "grad", self._wrap_grad)
         self.loader.install()
         self.records.install()
         self.precision.install()
@@ -280,20 +284,49 @@ class Watcher:
         watcher, edge, steps, measure = self, self.edge, self.steps, self.measure
         scaled = self.precision.scaled_for_backward
 
-        def backward(tensor, *args, **kwargs):
-            if edge.inside:
-                return original(tensor, *args, **kwargs)
-            watcher._on_backward(tensor)
-            result = original(scaled(tensor), *args, **kwargs)
-            if steps.hand is not None:
-                steps.hand.note()
-                if measure.count is not None:   # by hand: a count ends with its backward
-                    measure.counted_backward(steps.micro_last)
+        @functools.wraps(original)
+        def backward(tensors, *args, **kwargs):
+            if edge.inside or _current_node() is not None:   # nested: checkpoint's recompute
+                return original(tensors, *args, **kwargs)
+            if not isinstance(tensors, (torch.Tensor, list, tuple)):
+                tensors = tuple(tensors)   # an iterable is read once, here
+            loss = _loss_of(tensors)
+            if loss is None:
+                return original(tensors, *args, **kwargs)
+            watcher._on_backward(loss)
+            # a closure's backward (LBFGS) runs inside the step: there is no unscale after it
+            result = original(tensors if steps.in_step else scaled(tensors), *args, **kwargs)
+            watcher._after_backward()
             return result
         return backward
 
+    def _wrap_grad(self, original):
+        """torch.autograd.grad: a backward of the loop's when its gradients are an update's
+        (a hand update, a meta-learning step), not a graph of their own (create_graph: an
+        inner step, a gradient penalty) nor inside torch.func's transforms."""
+        watcher, edge = self, self.edge
+
+        @functools.wraps(original)
+        def grad(outputs, *args, **kwargs):
+            if edge.inside or _current_node() is not None or \
+                    kwargs.get("create_graph", args[3] if len(args) > 3 else False):
+                return original(outputs, *args, **kwargs)
+            if not isinstance(outputs, (torch.Tensor, list, tuple)):
+                outputs = tuple(outputs)   # an iterable is read once, here
+            loss = _loss_of(outputs)
+            if loss is None or _transformed(loss):
+                return original(outputs, *args, **kwargs)
+            watcher._on_backward(loss)
+            result = original(outputs, *args, **kwargs)
+            watcher._after_backward()
+            return result
+        return grad
+
     def _on_backward(self, loss: torch.Tensor) -> None:
         edge, steps = self.edge, self.steps
+        if steps.in_step and edge.backwards:   # a closure's evaluation after its first
+            edge.samples = 0
+            return
         if edge.backwards and steps.hand is not None and steps.hand.updated():
             steps.close()   # a loop updating by hand: its update came before this
         if edge.at_boundary:
@@ -306,11 +339,22 @@ class Watcher:
         edge.samples = 0
         edge.backwards += 1
 
+    def _after_backward(self) -> None:
+        steps = self.steps
+        if steps.hand is not None:
+            steps.hand.note()
+            if self.measure.count is not None:   # by hand: a count ends with its backward
+                self.measure.counted_backward(steps.micro_last)
+
     def _first_backward(self, loss: torch.Tensor) -> None:
+        self._first_sign(loss.device)
+        self.steps.watch_hand_updates(loss)
+
+    def _first_sign(self, device: torch.device) -> None:
+        """The loop's first sign of training (a backward, or an optimizer's step)."""
         self.edge.trained = True
         self.loader.adopt()
-        self._ensure_interval(loss.device)
-        self.steps.watch_hand_updates(loss)
+        self._ensure_interval(device)
         self._drop_forward_hooks_if_unneeded()
 
     # -- the end ------------------------------------------------------------------------------
@@ -360,3 +404,22 @@ class Watcher:
         if self.loader.training is not None:
             seen = f"batches of a DataLoader; {seen}"
         return f"nt.watch saw no training step: {seen}"
+
+
+def _loss_of(tensors):
+    """The loss a backward runs on: the tensor, or the sum of several (autograd.backward's
+    and autograd.grad's sequences; detached, a sum no graph needs); None for what is not
+    tensors (a GradientEdge)."""
+    if isinstance(tensors, torch.Tensor):
+        return tensors
+    if not isinstance(tensors, (list, tuple)) or \
+            not all(isinstance(t, torch.Tensor) for t in tensors) or not tensors:
+        return None
+    if len(tensors) == 1:
+        return tensors[0]
+    return torch.stack([t.detach().float().sum() for t in tensors]).sum()
+
+
+def _transformed(loss: torch.Tensor) -> bool:
+    """Whether autograd.grad runs inside a torch.func transform (its tensors wrapped)."""
+    return torch._C._functorch.is_functorch_wrapped_tensor(loss)

@@ -4,8 +4,13 @@
   of the Run, unless it follows another optimizer's step with no training batch between
   (a GAN's generator after its discriminator): that one is part of the same step, so a
   step is one training batch, its samples counted once; with several optimizers a step,
-  the step boundary (where Stop ends the loop) is after the last of them. Several
-  `backward` per step (gradient accumulation) are its micro-batches.
+  the step boundary (where Stop ends the loop) is after the last of them. Where the
+  second optimizer then steps again on its own (layer by layer: one optimizer's steps,
+  then the next one's), its first step was a step of its own, and is counted so.
+  Several `backward` per step (gradient accumulation) are its micro-batches; the
+  backwards inside an optimizer's step (a closure's, LBFGS) are evaluations of that one
+  step, its loss and samples the first one's. An optimizer step with no backward before
+  it (gradients set by hand, torch.func) is a step too.
 - Without one (the loop updates its parameters by hand, `p.data.add_(...)`): a leaf of
   the first loss's graph is watched; a backward that finds its gradient zeroed, set to
   None or replaced, or the leaf itself changed in place since the last backward, ends
@@ -35,13 +40,15 @@ class Steps:
     hand. At a step's end it asks the records part for a record due and the measuring part
     to look; around an fp16 step, the precision part unscales."""
 
-    def __init__(self, edge, precision, records, measure):
+    def __init__(self, edge, precision, records, measure, first_sign):
         self.edge, self.precision, self.records, self.measure = edge, precision, records, measure
+        self._first_sign = first_sign   # core: the loop's first sign of training (its device)
         self.hand = None                # HandSteps: while no optimizer has stepped
         self.micro_last = 1             # backward() calls of the last step
+        self.in_step = False            # inside an optimizer's step: a backward is its closure's
         self._lead = None               # the first optimizer to step
-        self._stepped = set()           # ids of the optimizers that stepped in this step
-        self._per_step = 1              # the most optimizers that stepped in one step
+        self._stepped = []              # ids of the optimizers that stepped in this step, in order
+        self._per_step = 1              # the optimizers that step in one step of the loop
         self._optimizers = weakref.WeakSet()
         self._flags_as_found = weakref.WeakKeyDictionary()   # optimizer -> its groups' flags
 
@@ -58,6 +65,9 @@ class Steps:
             return
         if optimizer not in self._optimizers:
             self._adopt(optimizer)
+        if edge.at_boundary and not edge.backwards:   # a closure's step, or one without backward
+            edge.stop_if_asked()   # before the step has changed anything
+        self.in_step = True
         if edge.backwards:
             if self.precision.scaler is not None:
                 self.precision.unscale_or_skip(optimizer)
@@ -83,41 +93,60 @@ class Steps:
         edge = self.edge
         if self.precision.stepped_scaled():
             self.precision.after_scaled_step()
+        self.in_step = False
         if edge.inside:
             return
         if self._lead is None:
             self._lead, self.hand = optimizer, None
             self._describe()
-        if edge.backwards and self._starts_a_step(optimizer):
-            self.close()
-            self._stepped = {id(optimizer)}
-        elif edge.backwards:   # its backwards belong to the step just ended
-            edge.interval.extend_step()
-            edge.backwards = 0
-            self._stepped.add(id(optimizer))
-        else:   # a second optimizer on the same backward: the same step
-            self._stepped.add(id(optimizer))
+        if not edge.trained:   # no backward: the step is the only sign of training
+            self._first_sign(optimizer.param_groups[0]["params"][0].device)
+        key = id(optimizer)
+        if self._starts_a_step(key):
+            self.close(steps=1 + self._own_step_before(key))
+            self._stepped = [key]
+        else:   # a second optimizer on the same batch: the same step (its backwards too)
+            if edge.backwards:
+                edge.interval.extend_step()
+                edge.backwards = 0
+            self._stepped.append(key)
         if len(self._stepped) > self._per_step:
             self._per_step = len(self._stepped)
             self._describe()
         # with several optimizers a step, the boundary is after the last of them
         edge.at_boundary = len(self._stepped) >= self._per_step
 
-    def _starts_a_step(self, optimizer) -> bool:
+    def _starts_a_step(self, key: int) -> bool:
         """An optimizer step ends a step of the Run unless it follows another optimizer's
         step with no training batch between and did not step itself since: a GAN's
         generator after its discriminator, on the same batch."""
-        return self.edge.batches > 0 or not self._stepped or id(optimizer) in self._stepped
+        return self.edge.batches > 0 or not self._stepped or key in self._stepped
 
-    def close(self, measure: bool = True) -> None:
-        """The step ends: counted, its record if one is due, the measuring part told."""
+    def _own_step_before(self, key: int) -> int:
+        """1 where the optimizer stepping now joined the last step as its second one but
+        now steps again without the first (layer by layer, not a GAN): that joined step
+        was a step of its own. The optimizers per step are as found from now on."""
+        stepped = self._stepped
+        if len(stepped) < 2 or key == stepped[0] or key not in stepped:
+            return 0
+        self._per_step = len(stepped) - stepped.index(key)
+        self._describe()
+        return 1
+
+    def close(self, measure: bool = True, steps: int = 1) -> None:
+        """The step ends (`steps`: 2 where the last one is found to have been two): counted,
+        its record if one is due, the measuring part told."""
         edge = self.edge
         run, interval = edge.run, edge.interval
-        run.advance(edge.batches or edge.backwards)
+        if edge.samples and not edge.backwards:   # a step without backward: its batch
+            interval.add_samples(edge.samples)
+            edge.samples = 0
+        for _ in range(steps):
+            run.advance(edge.batches or edge.backwards or 1)
+            interval.end_step()
         self.micro_last = edge.backwards
         edge.backwards = edge.batches = 0
-        interval.end_step()
-        if interval.steps == self.records.record_at:
+        if interval.steps >= self.records.record_at:
             self.records.record_due()
         run.phase = "load"   # Run.enter, inlined (above)
         edge.at_boundary = True
