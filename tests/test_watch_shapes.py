@@ -235,3 +235,24 @@ def test_the_watch_leaves_autograd_as_it_found_it():
     assert torch.autograd.backward is backward and torch.autograd.grad is grad
     assert torch.Tensor.__dict__["backward"] is tensor_backward
 
+
+
+def test_the_flop_count_imports_no_compiler_into_a_program_that_had_none():
+    """A hand-update loop imports no torch._dynamo as written; its FLOP count under the
+    watch must not import it either (800 modules, seconds inside a short program)."""
+    import subprocess
+    import sys
+    program = (
+        "import sys, torch, nbtrain as nt\n"
+        "from torch import nn\n"
+        "model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 1))\n"
+        "x, y = torch.randn(64, 6), torch.randn(64, 1)\n"
+        "with nt.watch(optimize=False, progress=False) as run:\n"
+        "    for _ in range(300):\n"
+        "        model.zero_grad(); nn.functional.mse_loss(model(x), y).backward()\n"
+        "        with torch.no_grad():\n"
+        "            for p in model.parameters(): p.sub_(0.01 * p.grad)\n"
+        "print(run.resolved['flops_per_step'][0], 'torch._dynamo' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                         timeout=300, check=True).stdout.split()
+    assert out == ["61440", "False"]

@@ -252,6 +252,13 @@ class FlopCount(TorchDispatchMode):
     """FLOPs of the ops that run while it is on: each op runs as it is (no decomposition,
     so the loop's numbers are its own), and torch's FLOP formulas add up."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """No dynamo guard around __torch_dispatch__: its first call would import
+        torch._dynamo (800 modules, seconds) into the user's program, and a count never
+        runs around a compiled model (Measure counts only eager ones)."""
+        return False
+
     def __init__(self):
         super().__init__()
         from torch.utils.flop_counter import flop_registry
