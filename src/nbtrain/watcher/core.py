@@ -288,15 +288,19 @@ class Watcher:
         def backward(tensors, *args, **kwargs):
             if edge.inside or _current_node() is not None:   # nested: checkpoint's recompute
                 return original(tensors, *args, **kwargs)
-            if not isinstance(tensors, (torch.Tensor, list, tuple)):
-                tensors = tuple(tensors)   # an iterable is read once, here
-            loss = _loss_of(tensors)
-            if loss is None:
-                return original(tensors, *args, **kwargs)
-            watcher._on_backward(loss)
+            if isinstance(tensors, torch.Tensor):
+                watcher._on_backward(tensors)
+            else:
+                if not isinstance(tensors, (list, tuple)):
+                    tensors = tuple(tensors)   # an iterable is read once, here
+                loss = _loss_of(tensors)
+                if loss is None:
+                    return original(tensors, *args, **kwargs)
+                watcher._on_backward(loss)
             # a closure's backward (LBFGS) runs inside the step: there is no unscale after it
             result = original(tensors if steps.in_step else scaled(tensors), *args, **kwargs)
-            watcher._after_backward()
+            if steps.hand is not None:
+                watcher._after_hand_backward()
             return result
         return backward
 
@@ -318,7 +322,8 @@ class Watcher:
                 return original(outputs, *args, **kwargs)
             watcher._on_backward(loss)
             result = original(outputs, *args, **kwargs)
-            watcher._after_backward()
+            if watcher.steps.hand is not None:
+                watcher._after_hand_backward()
             return result
         return grad
 
@@ -339,12 +344,11 @@ class Watcher:
         edge.samples = 0
         edge.backwards += 1
 
-    def _after_backward(self) -> None:
+    def _after_hand_backward(self) -> None:
         steps = self.steps
-        if steps.hand is not None:
-            steps.hand.note()
-            if self.measure.count is not None:   # by hand: a count ends with its backward
-                self.measure.counted_backward(steps.micro_last)
+        steps.hand.note()
+        if self.measure.count is not None:   # by hand: a count ends with its backward
+            self.measure.counted_backward(steps.micro_last)
 
     def _first_backward(self, loss: torch.Tensor) -> None:
         self._first_sign(loss.device)

@@ -65,8 +65,6 @@ class Steps:
             return
         if optimizer not in self._optimizers:
             self._adopt(optimizer)
-        if edge.at_boundary and not edge.backwards:   # a closure's step, or one without backward
-            edge.stop_if_asked()   # before the step has changed anything
         self.in_step = True
         if edge.backwards:
             if self.precision.scaler is not None:
@@ -74,6 +72,8 @@ class Steps:
             # a second Ctrl-C waits until the step is counted (Run.enter, as an attribute
             # set: this runs every step, and a call costs more than the set)
             edge.run.phase = "update"
+        elif edge.at_boundary:   # a closure's step, or one without backward: Stop ends the
+            edge.stop_if_asked()   # loop here, before the step has changed anything
 
     def _adopt(self, optimizer) -> None:
         """An optimizer seen for the first time (before its first step of the watch)."""
@@ -90,6 +90,9 @@ class Steps:
         edge.patches.keep(apply_impl(optimizer, impl))
 
     def _after_step(self, optimizer, args, kwargs) -> None:
+        """An optimizer step ends a step of the Run unless it follows another optimizer's
+        step with no training batch between and did not step itself since: a GAN's
+        generator after its discriminator, on the same batch."""
         edge = self.edge
         if self.precision.stepped_scaled():
             self.precision.after_scaled_step()
@@ -101,9 +104,11 @@ class Steps:
             self._describe()
         if not edge.trained:   # no backward: the step is the only sign of training
             self._first_sign(optimizer.param_groups[0]["params"][0].device)
-        key = id(optimizer)
-        if self._starts_a_step(key):
-            self.close(steps=1 + self._own_step_before(key))
+        key, stepped = id(optimizer), self._stepped
+        if edge.batches or not stepped or key in stepped:   # it starts a step
+            if len(stepped) > 1 and key != stepped[0]:
+                self._own_step_before(key)
+            self.close()
             self._stepped = [key]
         else:   # a second optimizer on the same batch: the same step (its backwards too)
             if edge.backwards:
@@ -116,34 +121,28 @@ class Steps:
         # with several optimizers a step, the boundary is after the last of them
         edge.at_boundary = len(self._stepped) >= self._per_step
 
-    def _starts_a_step(self, key: int) -> bool:
-        """An optimizer step ends a step of the Run unless it follows another optimizer's
-        step with no training batch between and did not step itself since: a GAN's
-        generator after its discriminator, on the same batch."""
-        return self.edge.batches > 0 or not self._stepped or key in self._stepped
-
-    def _own_step_before(self, key: int) -> int:
-        """1 where the optimizer stepping now joined the last step as its second one but
-        now steps again without the first (layer by layer, not a GAN): that joined step
-        was a step of its own. The optimizers per step are as found from now on."""
+    def _own_step_before(self, key: int) -> None:
+        """The optimizer stepping now joined the last step after another one: where it now
+        steps again without that one first (layer by layer, not a GAN), the joined step was
+        a step of its own, counted now. The optimizers per step are as found from now on."""
         stepped = self._stepped
-        if len(stepped) < 2 or key == stepped[0] or key not in stepped:
-            return 0
+        if key not in stepped:
+            return
         self._per_step = len(stepped) - stepped.index(key)
         self._describe()
-        return 1
+        edge = self.edge
+        edge.run.advance(0)   # its batches are counted with the step it was joined to
+        edge.interval.end_step()
 
-    def close(self, measure: bool = True, steps: int = 1) -> None:
-        """The step ends (`steps`: 2 where the last one is found to have been two): counted,
-        its record if one is due, the measuring part told."""
+    def close(self, measure: bool = True) -> None:
+        """The step ends: counted, its record if one is due, the measuring part told."""
         edge = self.edge
         run, interval = edge.run, edge.interval
-        if edge.samples and not edge.backwards:   # a step without backward: its batch
+        if not edge.backwards:   # an optimizer step without backward: its batch's samples
             interval.add_samples(edge.samples)
             edge.samples = 0
-        for _ in range(steps):
-            run.advance(edge.batches or edge.backwards or 1)
-            interval.end_step()
+        run.advance(edge.batches or edge.backwards or 1)
+        interval.end_step()
         self.micro_last = edge.backwards
         edge.backwards = edge.batches = 0
         if interval.steps >= self.records.record_at:
