@@ -255,8 +255,8 @@ class FlopCount(TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         """No dynamo guard around __torch_dispatch__: its first call would import
-        torch._dynamo (800 modules, seconds) into the user's program, and a count never
-        runs around a compiled model (Measure counts only eager ones)."""
+        torch._dynamo into the user's program (seconds: docs/guide/measured.md), and a
+        count never runs around a compiled model (Measure counts only eager ones)."""
         return False
 
     def __init__(self):
