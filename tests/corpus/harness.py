@@ -72,6 +72,7 @@ class Program:
     entry: str = "script"           # "script": runs as __main__; "main": main() called
     prepare: Optional[Callable[[Path], None]] = None   # writes its data stand-in
     hand_steps: Optional[Callable[[dict], int]] = None  # a loop without an optimizer
+    optimizers_per_step: int = 1    # optimizers that step on each batch (one step of the Run)
 
     @property
     def path(self) -> Path:
@@ -117,6 +118,91 @@ def write_token_bins(root: Path) -> None:
     (root / "data").mkdir(exist_ok=True)
     for split, n in (("train", 4000), ("val", 1000)):
         gen.integers(0, 64, n, dtype=np.uint16).tofile(root / "data" / f"{split}.bin")
+
+
+def write_mnist(root: Path) -> None:
+    """data/MNIST/raw's four idx files, as torchvision's MNIST reads them (its download
+    skipped where they exist): 128 train and 64 test 28x28 digits-like images, each class a
+    seeded blob pattern plus noise."""
+    gen = np.random.default_rng(0)
+    raw = root / "data" / "MNIST" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    patterns = gen.random((10, 28, 28)) > 0.7
+    for split, n in (("train", 128), ("t10k", 64)):
+        labels = gen.integers(0, 10, n).astype(np.uint8)
+        images = (patterns[labels] * 180 + gen.integers(0, 75, (n, 28, 28))).astype(np.uint8)
+        (raw / f"{split}-images-idx3-ubyte").write_bytes(
+            np.array([0x803, n, 28, 28], ">i4").tobytes() + images.tobytes())
+        (raw / f"{split}-labels-idx1-ubyte").write_bytes(
+            np.array([0x801, n], ">i4").tobytes() + labels.tobytes())
+
+
+def write_sine_wave(root: Path) -> None:
+    """traindata.pt as time_sequence_prediction/generate_sine_wave.py writes it (a float64
+    numpy array of shifted sines, torch.save'd), with N=11 waves of L=50 for 100 x 1000."""
+    rng = np.random.RandomState(2)
+    T, L, N = 20, 50, 11
+    x = np.empty((N, L), "int64")
+    x[:] = np.array(range(L)) + rng.randint(-4 * T, 4 * T, N).reshape(N, 1)
+    torch.save(np.sin(x / 1.0 / T).astype("float64"), root / "traindata.pt")
+
+
+def write_cora(root: Path) -> None:
+    """cora/cora.content and cora/cora.cites in the Cora files' layout (paper id, binary
+    word features, class name; cited and citing ids): 400 papers, 64 words, 7 classes,
+    1200 citations, mostly within a class."""
+    gen = np.random.default_rng(0)
+    classes = ["Case_Based", "Genetic_Algorithms", "Neural_Networks", "Probabilistic_Methods",
+               "Reinforcement_Learning", "Rule_Learning", "Theory"]
+    n, words = 400, 64
+    ids = gen.choice(np.arange(1000, 1_000_000), n, replace=False)
+    labels = gen.integers(0, len(classes), n)
+    topic = gen.random((len(classes), words)) < 0.15
+    feats = (gen.random((n, words)) < 0.03) | (topic[labels] & (gen.random((n, words)) < 0.5))
+    (root / "cora").mkdir(exist_ok=True)
+    (root / "cora" / "cora.content").write_text("".join(
+        f"{ids[i]}\t" + "\t".join(str(int(v)) for v in feats[i]) + f"\t{classes[labels[i]]}\n"
+        for i in range(n)))
+    cites = []
+    for _ in range(1200):
+        a = gen.integers(n)
+        same = np.flatnonzero(labels == labels[a]) if gen.random() < 0.8 else np.arange(n)
+        cites.append(f"{ids[gen.choice(same)]}\t{ids[a]}\n")
+    (root / "cora" / "cora.cites").write_text("".join(cites))
+
+
+def write_image_folder(root: Path) -> None:
+    """data/cubsub/{train,val}/<class>/*.png: an ImageFolder of 4 classes, 8 train and 4
+    val images of 40x40 each, colored by class plus noise (the tutorial's bird subset)."""
+    from PIL import Image
+    gen = np.random.default_rng(0)
+    for split, per_class in (("train", 8), ("val", 4)):
+        for c in range(4):
+            folder = root / "data" / "cubsub" / split / f"{c:03d}.class_{c}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(per_class):
+                base = np.array([60 * c, 200 - 40 * c, 90 + 30 * c])
+                pixels = np.clip(base + gen.normal(0, 40, (40, 40, 3)), 0, 255).astype(np.uint8)
+                Image.fromarray(pixels).save(folder / f"img_{i}.png")
+
+
+def write_translation_pairs(root: Path) -> None:
+    """data/eng-fra.txt as the seq2seq tutorial reads it (English, a tab, French, a line a
+    pair): 60 seeded pairs of short sentences, some not of the "i am"/"he is" forms the
+    tutorial keeps, so its filter drops them."""
+    rng = random.Random(0)
+    subjects = [("I am", "je suis"), ("He is", "il est"), ("She is", "elle est"),
+                ("You are", "vous etes"), ("We are", "nous sommes"), ("They are", "ils sont"),
+                ("It was", "c etait")]
+    words = [("tired", "fatigue"), ("happy", "heureux"), ("cold", "froid"), ("late", "en retard"),
+             ("very tall", "tres grand"), ("at home", "a la maison"), ("not ready", "pas pret"),
+             ("too small", "trop petit"), ("a teacher", "professeur"), ("busy today", "occupe aujourd hui")]
+    lines = []
+    for _ in range(60):
+        (en_s, fr_s), (en_w, fr_w) = rng.choice(subjects), rng.choice(words)
+        lines.append(f"{en_s} {en_w}.\t{fr_s} {fr_w}.")
+    (root / "data").mkdir(exist_ok=True)
+    (root / "data" / "eng-fra.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def lm_batches(ns: dict) -> int:
@@ -176,6 +262,75 @@ CORPUS = [
     Program("compiled", "torch.compile(model) (inductor on the CPU); batches made in the loop, "
             "no DataLoader; opt.zero_grad(True)",
             steps=24, samples=24 * 16, optimizers=("opt",)),
+    Program("time_sequence_prediction", "closure optimizer: LBFGS optimizer.step(closure), the "
+            "closure calling zero_grad, forward, .item() and backward, several evaluations a "
+            "step; float64 LSTMCells unrolled by hand; full batch, no DataLoader",
+            # 2 steps of the whole training set, 8 waves (11 less 3 test); the closure's
+            # several evaluations of those 8 in a step are one step's samples, counted once
+            steps=2, samples=2 * 8, models=("seq",), prepare=write_sine_wave),
+    Program("forward_forward", "layer-wise training: each Layer its own Adam, trained its "
+            "epochs after the one before on one batch fetched once; Layer.forward called "
+            "directly (no __call__); Net.train(x_pos, x_neg) overrides Module.train",
+            # 2 layers x 25 epochs; each step trains on the 128 images of the one batch
+            # (forwarded as their positive and their negative overlay)
+            steps=2 * 25, samples=2 * 25 * 128, models=("layer1", "layer2"),
+            optimizers=("opt1", "opt2"), prepare=write_mnist),
+    Program("maml_sine", "meta-learning: inner updates from torch.autograd.grad("
+            "create_graph=True), second-order outer backward, Adam over a plain list of "
+            "tensors (no nn.Module); numpy-drawn tasks, no DataLoader",
+            # 100 iterations; each forwards 4 tasks x (20 support + 20 query) points
+            steps=100, samples=100 * 4 * (20 + 20), models=(), optimizers=("opt",)),
+    Program("reinforce", "policy gradient, no DataLoader: a forward of batch 1 per "
+            "environment step, log-probs kept, one backward and step per episode; "
+            "count(1) ending on the running reward; CartPole stand-in",
+            # at the seeds (543, the harness's) 44 episodes (checked as written) of 1531
+            # environment steps in all, one state forwarded each (counted by a forward hook
+            # on the program as written, no watch)
+            steps=44, samples=1531, models=("policy",)),
+    Program("gcn", "full-batch graph training: one step an epoch on every node, sparse "
+            "features and adjacency (torch.spmm), loss on the train nodes' rows; eval of "
+            "two masks under no_grad every epoch",
+            # 100 epochs of one full-batch step; each forward takes all 400 nodes
+            steps=100, samples=100 * 400, models=("gcn",), prepare=write_cora),
+    Program("mingpt_adder", "endless sampler: RandomSampler(replacement=True, "
+            "num_samples=1e10), next(data_iter) remade on StopIteration, max_iters stop; "
+            "Trainer class; callback evaluating with generate() under no_grad",
+            # max_iters 40, batch 64
+            steps=40, samples=40 * 64, optimizers=(),
+            argv=("--trainer.max_iters=40", "--trainer.num_workers=0", "--data.ndigit=1")),
+    Program("dp_cifar10", "torch.func: vmap(grad_and_value(functional_call)) per-sample "
+            "gradients on detached weights, no backward(); param.grad assigned by hand "
+            "(clipped, noised), then SGD step; tqdm-wrapped loader; cosine LR by hand",
+            # 2 epochs of 256 / 16 batches
+            steps=2 * 256 // 16, samples=2 * 256, entry="main"),
+    Program("cifar10_tutorial", "notebook cells at module level; loaders with num_workers=2 "
+            "of their own, batch 4; a first batch taken from the train loader before "
+            "training; SGD momentum; a test forward with gradients on after training",
+            # 2 epochs of 192 / 4 batches
+            steps=2 * 192 // 4, samples=2 * 192, models=("net",)),
+    Program("siamese_network", "two inputs per forward (pairs through one trunk), a "
+            "Dataset drawing from Python's random; resnet18 trunk; Adadelta; StepLR",
+            # 2 epochs of 128 / 32 pair batches
+            steps=2 * 128 // 32, samples=2 * 128, entry="main", prepare=write_mnist),
+    Program("hopenet", "torch.autograd.backward(loss_seq, grad_seq) of three losses in place "
+            "of loss.backward(); Adam of 3 groups (one at lr 0) from generators; per-sample "
+            "PIL Dataset with num_workers=2",
+            # 2 epochs of 48 / 16 batches
+            steps=2 * 48 // 16, samples=2 * 48),
+    Program("transfer_learning", "two models one after the other: a frozen ResNet with a new "
+            "fc (requires_grad=False, optimizer on fc only), then a full fine-tune with two "
+            "param groups; train/val phases under set_grad_enabled; best state_dict "
+            "deep-copied and loaded back",
+            # 2 scenarios x 2 epochs x 32 / 8 batches
+            steps=2 * 2 * 32 // 8, samples=2 * 2 * 32, models=("model_conv", "model_ft"),
+            optimizers=("optimizer_conv", "optimizer_ft"), prepare=write_image_folder),
+    Program("seq2seq_translation", "two models, two optimizers made inside a function, both "
+            "stepping on one backward; an RNN encoder called once per word (batch 1), a "
+            "decoder once per output word; teacher forcing drawn per pair; no DataLoader",
+            # 60 iterations, one sentence pair each (its words are its sequence, not samples)
+            # (encoder's and decoder's step() each iteration: 120 calls, 2 a step)
+            steps=60, samples=60, models=("encoder1", "attn_decoder1"), optimizers=(),
+            optimizers_per_step=2, prepare=write_translation_pairs),
 ]
 BY_NAME = {program.name: program for program in CORPUS}
 
@@ -274,7 +429,8 @@ def hand_count(result: Result) -> int:
     """The steps the as-written run made, counted by the harness or the program itself."""
     if result.program.hand_steps is not None:
         return result.program.hand_steps(result.namespace)
-    return result.step_calls
+    per_step = result.program.optimizers_per_step   # a fraction where they do not divide
+    return result.step_calls // per_step if result.step_calls % per_step == 0 else result.step_calls / per_step
 
 
 def run_counts(run) -> Tuple[int, int]:
@@ -391,9 +547,12 @@ def optimizer_surface(optimizer: torch.optim.Optimizer) -> dict:
 
 
 def loader_surface(loader: DataLoader) -> dict:
+    # the dataset's class by name: a program's own Dataset class is a new class object in
+    # each run (runpy, or the program imported anew), the same class all the same
+    dataset = type(loader.dataset)
     return {"attributes": sorted(vars(loader)), "num_workers": loader.num_workers,
             "pin_memory": loader.pin_memory, "batch_sampler": type(loader.batch_sampler),
-            "collate_fn": loader.collate_fn, "dataset": type(loader.dataset)}
+            "collate_fn": loader.collate_fn, "dataset": f"{dataset.__module__}.{dataset.__qualname__}"}
 
 
 def object_surfaces(result: Result) -> dict:
