@@ -21,6 +21,7 @@ import contextlib
 import functools
 import sys
 import time
+import weakref
 from typing import Optional
 
 import torch
@@ -60,6 +61,7 @@ class Watcher:
         self._depth = 0                 # module calls in progress, until the model is found
         self._forward_hooks = []        # the global forward hooks' handles, while needed
         self._batch_dim = 0             # where a forward's input holds its samples
+        self._outputs = []              # weak references to the last forward's output tensors
 
     @property
     def model(self):
@@ -244,9 +246,19 @@ class Watcher:
             return None
         if _current_node() is not None:
             return None
-        if self.loader.training is None and torch.is_grad_enabled():
-            edge.samples += samples_in(args, kwargs, self._batch_dim)   # no DataLoader
+        if self.loader.training is None and torch.is_grad_enabled():   # no DataLoader
+            self._count_forward_samples(args, kwargs, output)
         return self.precision.forward_done(output)
+
+    def _count_forward_samples(self, args, kwargs, output) -> None:
+        """Each forward's batch adds samples (a policy's states), except a forward that
+        takes a tensor the last one returned: an RNN fed its hidden state a word at a time
+        goes on with the same samples."""
+        recurrent = self._outputs and any(
+            ref() is t for t in _tensors_in(args) for ref in self._outputs)
+        if not recurrent:
+            self.edge.samples += samples_in(args, kwargs, self._batch_dim)
+        self._outputs = [weakref.ref(t) for t in _tensors_in(output)]
 
     def _found_model(self, model) -> None:
         """The model the loop trains, at the start of its first forward: what depends on it
@@ -427,3 +439,13 @@ def _loss_of(tensors):
 def _transformed(loss: torch.Tensor) -> bool:
     """Whether autograd.grad runs inside a torch.func transform (its tensors wrapped)."""
     return torch._C._functorch.is_functorch_wrapped_tensor(loss)
+
+
+def _tensors_in(value, depth: int = 2) -> list:
+    """The tensors of a forward's arguments or output, two levels down (an LSTM's
+    `(out, (h, c))`)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if depth and isinstance(value, (tuple, list)):
+        return [t for item in value for t in _tensors_in(item, depth - 1)]
+    return []

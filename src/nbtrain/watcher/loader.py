@@ -54,6 +54,7 @@ class Loader:
         self._chosen_workers = None     # None: not decided yet; 0: none (or tried, and lost)
         self._worker_trial = None       # (workers, the epoch before's per batch) while tried
         self._other_samples = 0         # the last batch of another loader, until the first backward
+        self._pass_started_at = 0       # the Run's step as the training loader's pass began
         self._shadows = weakref.WeakKeyDictionary()           # your loader -> one with workers
         self._shadow_iterators = weakref.WeakKeyDictionary()  # your loader -> that one's iterator
 
@@ -223,11 +224,22 @@ class Loader:
             self.training = weakref.ref(loader)
             self._describe(loader)
         elif self.training() is loader:
-            self.edge.run.next_epoch()
+            self._next_pass()
         elif self.training() is None:   # a loop that makes its loader each epoch
             self.training = weakref.ref(loader)
             self._describe(loader)
             self.edge.run.next_epoch()
+
+    def _next_pass(self) -> None:
+        """A new pass over the training loader: an epoch where the last pass made a step;
+        else that pass was a look at a batch (a tutorial's `next(iter(loader))` before
+        training), and its batches were no step's."""
+        edge = self.edge
+        if edge.run.step > self._pass_started_at:
+            edge.run.next_epoch()
+        elif not edge.backwards:
+            edge.samples = edge.batches = 0
+        self._pass_started_at = edge.run.step
 
     def adopt(self) -> None:
         """At the loop's first backward: the loader whose batch it trains on is the one

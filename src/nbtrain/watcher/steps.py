@@ -10,7 +10,9 @@
   Several `backward` per step (gradient accumulation) are its micro-batches; the
   backwards inside an optimizer's step (a closure's, LBFGS) are evaluations of that one
   step, its loss and samples the first one's. An optimizer step with no backward before
-  it (gradients set by hand, torch.func) is a step too.
+  it (gradients set by hand, torch.func) is a step too. A step that saw no batch and no
+  forward (a layer's `forward` called directly on a batch fetched once) trains on the
+  data the loop holds: its samples are the last step's.
 - Without one (the loop updates its parameters by hand, `p.data.add_(...)`): a leaf of
   the first loss's graph is watched; a backward that finds its gradient zeroed, set to
   None or replaced, or the leaf itself changed in place since the last backward, ends
@@ -45,6 +47,8 @@ class Steps:
         self._first_sign = first_sign   # core: the loop's first sign of training (its device)
         self.hand = None                # HandSteps: while no optimizer has stepped
         self.micro_last = 1             # backward() calls of the last step
+        self._samples_last = 0          # samples of the last step that saw any
+        self._joined_saw = True         # the step a second optimizer joined saw samples
         self.in_step = False            # inside an optimizer's step: a backward is its closure's
         self._lead = None               # the first optimizer to step
         self._stepped = []              # ids of the optimizers that stepped in this step, in order
@@ -106,13 +110,15 @@ class Steps:
             self._first_sign(optimizer.param_groups[0]["params"][0].device)
         key, stepped = id(optimizer), self._stepped
         if edge.batches or not stepped or key in stepped:   # it starts a step
+            self.close()
             if len(stepped) > 1 and key != stepped[0]:
                 self._own_step_before(key)
-            self.close()
             self._stepped = [key]
         else:   # a second optimizer on the same batch: the same step (its backwards too)
             if edge.backwards:
-                edge.interval.extend_step()
+                interval = edge.interval
+                self._joined_saw = interval.samples > interval.samples_done
+                interval.extend_step()
                 edge.backwards = 0
             self._stepped.append(key)
         if len(self._stepped) > self._per_step:
@@ -122,16 +128,18 @@ class Steps:
         edge.at_boundary = len(self._stepped) >= self._per_step
 
     def _own_step_before(self, key: int) -> None:
-        """The optimizer stepping now joined the last step after another one: where it now
-        steps again without that one first (layer by layer, not a GAN), the joined step was
-        a step of its own, counted now. The optimizers per step are as found from now on."""
+        """The optimizer that just stepped had joined the step before after another one:
+        stepping again without that one first (layer by layer, not a GAN), the joined step
+        was a step of its own, counted now. The optimizers per step are as found from now on."""
         stepped = self._stepped
         if key not in stepped:
             return
         self._per_step = len(stepped) - stepped.index(key)
         self._describe()
         edge = self.edge
-        edge.run.advance(0)   # its batches are counted with the step it was joined to
+        edge.run.advance(0)   # its batches and samples are the step's it was joined to,
+        if not self._joined_saw:   # or, where it saw none, the last step's
+            edge.interval.add_samples(self._samples_last)
         edge.interval.end_step()
 
     def close(self, measure: bool = True) -> None:
@@ -141,6 +149,11 @@ class Steps:
         if not edge.backwards:   # an optimizer step without backward: its batch's samples
             interval.add_samples(edge.samples)
             edge.samples = 0
+        seen = interval.samples - interval.samples_done
+        if seen:
+            self._samples_last = seen
+        else:   # no batch, no forward seen: the data the loop holds, the last step's
+            interval.add_samples(self._samples_last)
         run.advance(edge.batches or edge.backwards or 1)
         interval.end_step()
         self.micro_last = edge.backwards
