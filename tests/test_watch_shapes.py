@@ -256,3 +256,49 @@ def test_the_flop_count_imports_no_compiler_into_a_program_that_had_none():
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
                          timeout=300, check=True).stdout.split()
     assert out == ["61440", "False"]
+
+
+# -- samples where no DataLoader shows them ---------------------------------------------------
+def test_an_rnn_fed_its_hidden_state_a_word_at_a_time_counts_its_batch_once_a_step():
+    cell = nn.RNNCell(6, 8)
+    optimizer = torch.optim.SGD(cell.parameters(), lr=0.01)
+    words = torch.randn(5, 4, 6)   # 5 words of a batch of 4 sentences
+    with nt.watch(**QUIET) as run:
+        for _ in range(3):
+            hidden = torch.zeros(4, 8)
+            for word in words:
+                hidden = cell(word, hidden)
+            optimizer.zero_grad()
+            hidden.pow(2).mean().backward()
+            optimizer.step()
+    assert run.step == 3 and run.summary()["samples"] == 3 * 4
+
+
+def test_a_look_at_a_batch_before_training_is_no_step_and_no_epoch():
+    """The CIFAR-10 tutorial shows `next(iter(trainloader))` before it trains."""
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*_data(64)), batch_size=BATCH)
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with nt.watch(**QUIET) as run:
+        next(iter(loader))
+        for epoch in range(2):
+            for x, y in loader:
+                optimizer.zero_grad()
+                nn.functional.mse_loss(model(x), y).backward()
+                optimizer.step()
+    assert run.step == 8 and run.summary()["samples"] == 2 * 64
+    assert run.epoch == 1   # the second pass of the two it trained on
+
+
+def test_a_step_that_sees_no_batch_and_no_forward_trains_on_the_data_it_holds():
+    """forward-forward's shape: a layer's forward called directly on a batch fetched once."""
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*_data(64)), batch_size=32)
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with nt.watch(**QUIET) as run:
+        x, y = next(iter(loader))
+        for _ in range(5):
+            optimizer.zero_grad()
+            nn.functional.mse_loss(model.forward(x), y).backward()
+            optimizer.step()
+    assert run.step == 5 and run.summary()["samples"] == 5 * 32
