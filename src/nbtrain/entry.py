@@ -66,7 +66,7 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
     if cfg.release_previous:
         release_previous_run()
     run = Run(cfg)
-    _remember(run)
+    remember(run)
     try:
         with _setup_line(run, progress):
             begin = _engine(run, model, train_data, loss_fn, val_data, state, schedule)
@@ -109,12 +109,17 @@ class watch:
     """
 
     def __init__(self, config: Optional[TrainConfig] = None, *, optimize: bool = True,
-                 progress="auto", **settings):
+                 progress="auto", _rank: Optional[tuple] = None, **settings):
         config, settings, keeping = _keeping_apart(config, settings)
         cfg = own_loop_config(config, settings)
-        self.run = Run(cfg.replace(**keeping) if keeping else cfg)
+        cfg = cfg.replace(**keeping) if keeping else cfg
+        # _rank (cells.py): (rank, world, make_run), this process one of N; its records
+        # come every log_every steps on every rank alike, so that they can be merged
+        self.run = Run(cfg) if _rank is None else _rank[2](cfg)
         reporters.check(self.run.config)
-        self._watcher = Watcher(self.run, optimize, record_floor_s(self.run.config, settings))
+        floor = record_floor_s(self.run.config, settings) if _rank is None else 0.0
+        self._watcher = Watcher(self.run, optimize, floor,
+                                ranks=None if _rank is None else _rank[:2])
         self._progress = progress
         self._ctrl_c = None
 
@@ -127,7 +132,7 @@ class watch:
         except BaseException:
             self._watcher.remove()
             raise
-        _remember(self.run)
+        remember(self.run)
         keep(self.run, ("watch", None))
         self.run.start()
         return self.run
@@ -292,7 +297,7 @@ def attach_hooks(run: Run, schedule, on_start, progress) -> None:
 _last_run = {"ref": None}   # weak: a finished run is freed when the user drops it
 
 
-def _remember(run: Run) -> None:
+def remember(run: Run) -> None:
     _last_run["ref"] = weakref.ref(run)
 
 

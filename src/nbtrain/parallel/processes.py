@@ -98,7 +98,7 @@ def prepare(run: Run, model, train_data, loss_fn, val_data, state, schedule,
 
     def begin():
         ranks = Ranks(world, payload) if start is None else start(payload)
-        return functools.partial(_supervise, run, ranks)
+        return functools.partial(supervise, run, ranks)
     return begin
 
 
@@ -153,7 +153,7 @@ class Requests:
 class Ranks:
     """The rank processes of one run, their queue of messages and the notebook's requests."""
 
-    def __init__(self, world: int, payload: dict):
+    def __init__(self, world: int, payload: dict, target=rank_main):
         ctx = mp.get_context(START_METHOD)
         ctx.set_forkserver_preload(["torch", "torch.distributed", "nbtrain.parallel.processes"])
         self.world = world
@@ -161,7 +161,7 @@ class Ranks:
         self.requests = Requests(ctx)
         blob = pack(payload)
         port = _free_port()
-        self.procs = [ctx.Process(target=rank_main, name=f"nbtrain-rank{rank}",
+        self.procs = [ctx.Process(target=target, name=f"nbtrain-rank{rank}",
                                   args=(rank, world, port, blob, self.queue, self.requests))
                       for rank in range(world)]
         with _main_module_not_rerun():
@@ -222,19 +222,16 @@ def _main_module_not_rerun():
             setattr(main, name, value)
 
 
-
-
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _supervise(run: Run, ranks: Ranks) -> None:
+def supervise(run: Run, ranks: Ranks, finish=None) -> None:
     """Read the ranks' messages into the Run until every rank has ended or one failed;
-    relay Stop; leave no process behind; then finish the Run as the loop would."""
+    relay Stop; leave no process behind; then finish the Run as the loop would
+    (`finish(run, ends, failure, position, elapsed_s)`: _finish, or a cell's)."""
     start, heard = time.perf_counter(), time.monotonic()
     merger, ends, failure = RecordMerger(ranks.world), {}, None
     position = run.position   # _follow moves the Run while they train
@@ -265,7 +262,7 @@ def _supervise(run: Run, ranks: Ranks) -> None:
                           "interrupted": True})
     finally:
         ranks.end(patience_s=30 if failure is None else 0)
-    _finish(run, ends, failure, position, elapsed_s=time.perf_counter() - start)
+    (finish or _finish)(run, ends, failure, position, elapsed_s=time.perf_counter() - start)
 
 
 class _Relay:
@@ -356,7 +353,7 @@ def _finish(run: Run, ends: dict, failure, position: tuple, elapsed_s: float) ->
         rank, body = failure
         state = "interrupted" if body.get("interrupted") else "failed"
         if state == "failed":
-            error = _failure_error(run, rank, body)
+            error = failure_error(run, rank, body)
     elif split:
         state = "failed"
         error = TrainingError("the ranks ended at different steps ("
@@ -374,7 +371,7 @@ def _finish(run: Run, ends: dict, failure, position: tuple, elapsed_s: float) ->
                elapsed_s=elapsed_s, error=error, message=message)
 
 
-def _failure_error(run: Run, rank, body: dict) -> BaseException:
+def failure_error(run: Run, rank, body: dict) -> BaseException:
     lost_peer = any(word in body["text"] for word in _PEER_LOST)   # the news is the other rank
     if body.get("before_start") and body.get("exception") is not None and not lost_peer:
         try:   # a bad setting found while preparing: the error one process would raise
@@ -383,8 +380,6 @@ def _failure_error(run: Run, rank, body: dict) -> BaseException:
             pass
     where = f"rank {rank} of {run.resolved['processes'][0]}: " if rank is not None else ""
     return TrainingError(where + body["text"], run)
-
-
 
 
 def _load_state(run: Run, state: dict) -> dict:
@@ -429,29 +424,3 @@ def merge_ranks(records: list) -> dict:
     if bad:
         out["first_nonfinite_step"] = min(bad)
     return out
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-

@@ -85,6 +85,11 @@ class RankRun(Run):
             self.schedule.base_lr = lr
         return self._agreed
 
+    def stop_check(self):
+        """stop_requested as a function (nt.watch asks at every step boundary; the ranks
+        agree every log_every steps)."""
+        return lambda: self.stop_requested
+
     def save(self, path) -> str:
         return super().save(path) if self.rank == 0 else str(path)
 
@@ -146,7 +151,7 @@ def run_rank(rank: int, world: int, blob: bytes, messages, requests, join, leave
         # "cuda" are the current GPU, and asking for it before opens a context on GPU 0)
         backend = join(cfg, torch.device(resolve_device_type(cfg.device)), payload["timeout_s"])
         _refuse_a_shared_gpu(resolve_device(cfg.device)[0], rank, world)
-        control = _control_group(backend, payload["timeout_s"])
+        control = control_group(backend, payload["timeout_s"])
         run = (make_run or RankRun)(cfg, rank, world, messages, requests, control)
         setup = _prepare_rank(run, payload, backend, share)
         messages.put(("ready", rank, {"resolved": dict(run.resolved),
@@ -166,7 +171,7 @@ def run_rank(rank: int, world: int, blob: bytes, messages, requests, join, leave
         return exc
 
 
-def _control_group(backend: str, timeout_s: float):
+def control_group(backend: str, timeout_s: float):
     """The group Stop and set_lr are agreed on: gloo, a CPU tensor, no GPU sync. Beside
     NCCL a gloo group of its own, with the ranks' timeout (new_group's default is
     torch's 30 minutes, not the one init_process_group was given)."""

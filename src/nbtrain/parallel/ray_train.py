@@ -136,7 +136,7 @@ class _RemoteRequests:
 
 
 class _Messages:
-    """The Ray queue as processes._supervise reads a multiprocessing queue."""
+    """The Ray queue as processes.supervise reads a multiprocessing queue."""
 
     def __init__(self, ray):
         from ray.util.queue import Queue
@@ -151,7 +151,7 @@ class _Messages:
 
 
 class Workers:
-    """One run's Ray Train job, with processes.Ranks's interface for _supervise: the
+    """One run's Ray Train job, with processes.Ranks's interface for supervise: the
     message queue, the notebook's requests, who is still running, why one is gone, the end."""
 
     def __init__(self, run: Run, world: int, gpus: float, payload: dict):

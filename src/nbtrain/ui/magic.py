@@ -23,6 +23,7 @@ from IPython.core import magic_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
+from ..cells import processes_for, train_cell
 from ..config import (
     FACTORY_FIELDS,
     FIELD_NAMES,
@@ -144,6 +145,9 @@ class FastTrainMagics(Magics):
         ns = self.shell.user_ns
         if args.config is None and args.resume is None:   # a bad option fails before the body runs
             _apply_options(TrainConfig(), _with_named_factories(args, ns, cell))
+        if cell and cell.strip() and args.processes is not None and \
+                processes_for(args.processes) > 1 and self._train_in_processes(ns, args, cell):
+            return
         trained, defined = self._run_body_watched(ns, args, cell)
         if trained:   # the cell trained by itself, through whatever it called: that is the run
             return
@@ -209,9 +213,30 @@ class FastTrainMagics(Magics):
             print(run.summary_text())
         return True, defined
 
-    def _cell_watch(self, ns: dict, args):
-        """nt.watch with the options (and --config's fields) that apply to a loop of one's own."""
-        import nbtrain
+    def _train_in_processes(self, ns: dict, args, cell) -> bool:
+        """--processes N on a cell that trains: the cell, as written, in N processes
+        (cells.py). False where the cell trained nothing there: it defines what fit
+        trains, and runs here as any such cell (fit takes --processes)."""
+        world = processes_for(args.processes)
+        out = args.out or "run"
+        try:
+            run = train_cell(cell, ns, world, {"optimize": True, **self._watch_settings(ns, args)},
+                             progress=_when_it_trains(args.dashboard))
+        except ConfigError as err:
+            raise UsageError(str(err)) from None
+        if run.state == "finished" and run.step == 0:   # a cell for fit: it runs here next
+            self._forget_watch(ns, out, {}, run)
+            return False
+        ns[out] = run
+        if run.state == "failed":
+            print(f"The cell failed in a process:\n{run.error}\nThe Run, with its records, "
+                  f"is in `{out}`.")
+        else:
+            print(run.summary_text())
+        return True
+
+    def _watch_settings(self, ns: dict, args) -> dict:
+        """The options (and --config's fields) that apply to a loop of one's own."""
         given = {name: value for name, value in vars(args).items()
                  if name in WATCH_FIELDS and value is not None}
         config = ns.get(args.config) if args.config else None
@@ -219,6 +244,12 @@ class FastTrainMagics(Magics):
             defaults = TrainConfig()
             given = {**{name: getattr(config, name) for name in WATCH_FIELDS
                         if getattr(config, name) != getattr(defaults, name)}, **given}
+        return given
+
+    def _cell_watch(self, ns: dict, args):
+        """nt.watch with the options (and --config's fields) that apply to a loop of one's own."""
+        import nbtrain
+        given = self._watch_settings(ns, args)
         progress = _when_it_trains(args.dashboard)
         while True:   # a value a watch refuses (on_nan='skip') is fit's alone: left to fit
             try:

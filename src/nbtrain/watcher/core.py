@@ -35,6 +35,7 @@ from .edge import Edge, StopWatching
 from .loader import Loader, batch_dim_of, samples_in
 from .measure import Measure
 from .precision import TRIAL, Precision
+from .ranks import Ranks
 from .records import Records
 from .settings import AS_WRITTEN
 from .steps import Steps
@@ -48,7 +49,8 @@ class Watcher:
 
     active: Optional["Watcher"] = None   # one watch at a time in a process
 
-    def __init__(self, run: Run, optimize: bool, record_floor_s: float = 0.0):
+    def __init__(self, run: Run, optimize: bool, record_floor_s: float = 0.0,
+                 ranks: Optional[tuple] = None):
         self.run, self.optimize = run, optimize
         self.edge = edge = Edge(run, optimize)
         self.precision = Precision(edge)
@@ -58,6 +60,8 @@ class Watcher:
         self.records = Records(edge, self.loader, record_floor_s)
         self.steps = Steps(edge, self.precision, self.records, self.measure,
                            first_sign=self._first_sign)
+        self.ranks = None if ranks is None else Ranks(edge, self.loader, *ranks)
+        self.loader.ranks = self.ranks
         self._depth = 0                 # module calls in progress, until the model is found
         self._forward_hooks = []        # the global forward hooks' handles, while needed
         self._batch_dim = 0             # where a forward's input holds its samples
@@ -95,6 +99,8 @@ class Watcher:
             patches.keep(lambda: torch.set_num_threads(before))
             self.run.resolved["num_threads"] = (threads, "asked for (for the watch only)")
         self.steps.install()
+        if self.ranks is not None:   # after the steps' hooks: an fp16 step unscales first
+            self.ranks.install()
         self._add_forward_hooks()
         patches.keep(self._remove_forward_hooks)
         self._watch_compiled_calls()
@@ -266,6 +272,8 @@ class Watcher:
         edge = self.edge
         edge.model = model
         self.run.equip(model=model)
+        if self.ranks is not None:
+            self.ranks.found_model(model)
         self._batch_dim = batch_dim_of(model)
         device = next(p for p in model.parameters() if p.requires_grad).device
         self._ensure_interval(device)

@@ -55,6 +55,7 @@ class Loader:
         self._worker_trial = None       # (workers, the epoch before's per batch) while tried
         self._other_samples = 0         # the last batch of another loader, until the first backward
         self._pass_started_at = 0       # the Run's step as the training loader's pass began
+        self.ranks = None               # ranks.Ranks: one rank of N, the training loader sharded
         self._shadows = weakref.WeakKeyDictionary()           # your loader -> one with workers
         self._shadow_iterators = weakref.WeakKeyDictionary()  # your loader -> that one's iterator
 
@@ -77,7 +78,8 @@ class Loader:
         edge, copies, measure = self.edge, self.copies, self.measure
         training = self.training() is loader
         with workers_collect_none_of_ours():   # iter() forks the workers
-            batches = iter(self._source(loader, original))
+            batches = self.ranks.shard(loader) if training and self.ranks is not None \
+                else iter(self._source(loader, original))
         if training and copies.ahead is not None:
             batches = copies.copied_ahead(batches)
         clock = time.perf_counter   # locals: they run every batch

@@ -1,0 +1,207 @@
+"""A notebook cell that trains, as written, in N processes (%%fasttrain --processes N).
+
+The notebook's side sends the cell's text and the namespace it needs (cloudpickle: classes
+and functions the notebook defined travel by value) to N rank processes
+(parallel/processes.py's Ranks, supervised as nt.fit's ranks are). Each rank runs the cell
+inside nt.watch, whose Ranks part makes the loop data-parallel (watcher/ranks.py); its
+records stream back into the notebook's one Run. At the end rank 0's results land in the
+notebook's namespace: the objects the cell made, and the trained state of the models and
+optimizers it was given, loaded into the notebook's own objects.
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+import os
+import signal
+import traceback
+from collections import defaultdict
+from datetime import timedelta
+
+import torch
+
+from . import checkpoint as ckpt
+from .config import ConfigError
+from .entry import attach_hooks, keep, remember, watch
+from .parallel.processes import (
+    RANK_TIMEOUT_S,
+    Ranks,
+    failure_error,
+    nbtrain_environment,
+    supervise,
+)
+from .parallel.ranks import RankRun, control_group, pack, unpack
+from .run import Run
+from .watcher import own_loop_config
+
+# names IPython keeps in a notebook's namespace: its own, never the cell's
+_IPYTHON_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "open"}
+
+
+def processes_for(asked) -> int:
+    """`--processes`: a number, or "auto": every GPU of the machine, one process on a CPU."""
+    if asked == "auto":
+        return torch.cuda.device_count() if torch.cuda.is_available() else 1
+    return int(asked)
+
+
+def train_cell(cell: str, ns: dict, world: int, settings: dict, progress=False) -> Run:
+    """Run `cell` in `world` processes, data-parallel; the notebook's Run, finished."""
+    namespace = _namespace_for(cell, ns, world)
+    run = Run(own_loop_config(None, {k: v for k, v in settings.items() if k != "optimize"}))
+    run.resolved["processes"] = (world, f"--processes {world}: your cell, as written, in "
+                                 f"{world} processes; each rank's DataLoader its shard")
+    remember(run)
+    keep(run, ("watch", None))
+    attach_hooks(run, None, None, progress)
+    payload = dict(cell=cell, namespace=namespace, settings=settings,
+                   timeout_s=RANK_TIMEOUT_S, env=nbtrain_environment())
+    ranks = Ranks(world, payload, target=cell_rank_main)
+    supervise(run, ranks, finish=lambda *args, **kw: _finish_cell(ns, *args, **kw))
+    return run
+
+
+def _namespace_for(cell: str, ns: dict, world: int) -> dict:
+    """The notebook's names the cell uses, each checked to travel (cloudpickle); one that
+    cannot is named before any process starts."""
+    import cloudpickle
+    used = {node.id for node in ast.walk(ast.parse(cell)) if isinstance(node, ast.Name)}
+    names = sorted(name for name in used & set(ns)
+                   if not name.startswith("_") and name not in _IPYTHON_NAMES)
+    for name in names:
+        try:
+            cloudpickle.dumps(ns[name])
+        except Exception as exc:
+            raise ConfigError(
+                f"--processes {world}: `{name}` ({type(ns[name]).__name__}) cannot be sent to "
+                f"the processes ({type(exc).__name__}: {exc}). Make it inside the cell, or "
+                "run the cell in one process.", field="processes") from None
+    return {name: ns[name] for name in names}
+
+
+# -- a rank's side ------------------------------------------------------------------------------
+def cell_rank_main(rank: int, world: int, port: int, blob: bytes, messages, requests) -> None:
+    """One rank: join the group, run the cell inside a watch of rank `rank`, report."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the notebook relays Ctrl-C as a Stop
+    try:
+        _run_cell_rank(rank, world, port, blob, messages, requests)
+    finally:
+        messages.close()
+        messages.join_thread()   # the message is in the pipe before the process exits
+
+
+def _run_cell_rank(rank: int, world: int, port: int, blob: bytes, messages, requests) -> None:
+    import torch.distributed as dist
+    try:
+        payload = unpack(blob)
+        os.environ.update(payload["env"])
+        # as torchrun sets them: a cell that reads its rank finds it
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        cuda = torch.cuda.is_available() and torch.cuda.device_count() >= world
+        if cuda:
+            torch.cuda.set_device(rank)
+        backend = "nccl" if cuda else "gloo"
+        timeout = timedelta(seconds=payload["timeout_s"])
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=timeout)
+        control = control_group(backend, payload["timeout_s"])
+
+        def make_run(cfg):
+            return RankRun(cfg, rank, world, messages, requests, control)
+        ns = dict(payload["namespace"], __name__="__main__", __builtins__=builtins)
+        given = dict(payload["namespace"])
+        messages.put(("ready", rank, {"resolved": {}, "total_steps": None}))
+        watched = watch(progress=False, _rank=(rank, world, make_run), **payload["settings"])
+        watched.warns_untrained = False   # a cell for fit: the notebook runs it next
+        with watched as run:
+            exec(compile(payload["cell"], "<cell>", "exec"), ns)
+        messages.put(("end", rank, _end_report(run, rank, ns, given)))
+        dist.destroy_process_group()
+    except BaseException as exc:
+        messages.put(("failed", rank, {"text": "".join(traceback.format_exception(exc)).rstrip(),
+                                       "exception": None}))
+
+
+def _end_report(run, rank: int, ns: dict, given: dict) -> dict:
+    """What rank 0 sends back: the names the cell bound, and the models and optimizers it
+    was given (trained in place); the other ranks send their step only."""
+    report = {"step": run.step, "state": run.state, "message": run.message or "",
+              "diverged": False, "blob": None}
+    if rank == 0:
+        report["blob"] = pack({"results": _results(ns, given), "position": run.position,
+                               "rng": ckpt.rng_state()})
+    return report
+
+
+def _results(ns: dict, given: dict) -> dict:
+    import cloudpickle
+    out = {}
+    for name, value in ns.items():
+        if name.startswith("_") or name == "__builtins__":
+            continue
+        made = given.get(name, _MISSING) is not value
+        trained = isinstance(value, (torch.nn.Module, torch.optim.Optimizer))
+        if not (made or trained):
+            continue
+        try:
+            cloudpickle.dumps(value)
+        except Exception:   # a name the notebook cannot get back (an open file): left out
+            continue
+        out[name] = value
+    return out
+
+
+_MISSING = object()
+
+
+# -- the notebook's side, at the end --------------------------------------------------------------
+def _finish_cell(ns: dict, run: Run, ends: dict, failure, position, elapsed_s: float) -> None:
+    """The cell's results into the notebook (rank 0's); the Run ended as the ranks did."""
+    error, state, message = None, None, ""
+    if failure is not None:
+        rank, body = failure
+        state = "interrupted" if body.get("interrupted") else "failed"
+        if state == "failed":
+            error = failure_error(run, rank, body)
+    else:
+        first = ends[0]
+        back = unpack(first["blob"])
+        take_back(ns, back["results"])
+        run.move_to(**{k: v for k, v in zip(("step", "epoch", "batch_in_epoch"),
+                                            back["position"])})
+        message = first["message"]
+        state = "interrupted" if run.interrupted else first["state"]
+    run.finish(state, read_rng=ckpt.rng_state, elapsed_s=elapsed_s, error=error,
+               message=message)
+
+
+def take_back(ns: dict, results: dict) -> None:
+    """Rank 0's objects into the notebook: a model or optimizer the notebook holds under
+    the same name takes the trained state into itself (the notebook's object stays the
+    one it holds); any other name is set. An optimizer that came back over a model the
+    notebook holds is pointed at that model's own parameters."""
+    params = {}   # id of a parameter that came back -> the notebook's own
+    for name, value in results.items():
+        mine = ns.get(name)
+        if isinstance(value, torch.nn.Module) and type(mine) is type(value):
+            mine.load_state_dict(value.state_dict())
+            params.update((id(a), b) for a, b in zip(value.parameters(), mine.parameters()))
+    for name, value in results.items():
+        mine = ns.get(name)
+        if isinstance(value, torch.optim.Optimizer):
+            _point_at(value, params)
+            if type(mine) is type(value):
+                mine.load_state_dict(value.state_dict())
+                continue
+        if isinstance(value, torch.nn.Module) and type(mine) is type(value):
+            continue
+        ns[name] = value
+
+
+def _point_at(optimizer: torch.optim.Optimizer, params: dict) -> None:
+    """The optimizer's parameters (and their state) swapped for the notebook's own."""
+    for group in optimizer.param_groups:
+        group["params"] = [params.get(id(p), p) for p in group["params"]]
+    optimizer.state = defaultdict(dict, {params.get(id(p), p): s
+                                         for p, s in optimizer.state.items()})

@@ -1,0 +1,96 @@
+"""The watch of one rank of N (%%fasttrain --processes N): the loop as written, made
+data-parallel from outside.
+
+- the training DataLoader yields this rank's shard of every epoch: the sampler's order of
+  the epoch, every world-th sample from the rank's own (DistributedSampler's striding), cut
+  to the same length on every rank and batched as the loader batches; so the ranks' k-th
+  batches together are the k-th batch of world x the batch size;
+- the model's parameters and buffers start as rank 0's (broadcast at its first forward);
+- before each optimizer step, the gradients of its parameters are averaged over the ranks
+  (one all_reduce of them flattened together: with the loss a mean over the batch, the
+  update is the one of the whole global batch).
+
+A loop whose training data comes from no DataLoader cannot be split: its first step raises
+NotDataParallel on every rank alike, before any update.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils.data import DataLoader
+
+
+class NotDataParallel(RuntimeError):
+    """The loop cannot be made data-parallel as written."""
+
+
+class Ranks:
+    """The watch's part that makes the loop data-parallel over `world` ranks."""
+
+    def __init__(self, edge, loader, rank: int, world: int):
+        self.edge, self.loader, self.rank, self.world = edge, loader, rank, world
+        self._synced = set()   # ids of the models whose weights were broadcast
+
+    def install(self) -> None:
+        self.edge.patches.keep(register_optimizer_step_pre_hook(self._average).remove)
+        self.edge.run.resolved["processes"] = (self.world, (
+            f"rank {self.rank} of {self.world}: each rank's DataLoader yields its shard of "
+            "every epoch; gradients averaged over the ranks before each optimizer step"))
+
+    # -- the model: rank 0's weights on every rank ------------------------------------------
+    def found_model(self, model: torch.nn.Module) -> None:
+        if id(model) in self._synced:
+            return
+        self._synced.add(id(model))
+        with torch.no_grad():
+            for tensor in [*model.parameters(), *model.buffers()]:
+                dist.broadcast(tensor.data, src=0)
+
+    # -- the data: this rank's shard --------------------------------------------------------
+    def shard(self, loader: DataLoader):
+        """The loader's batches of this rank's samples for one epoch, from a loader like it."""
+        if loader.batch_sampler is None or isinstance(loader.dataset, torch.utils.data.IterableDataset):
+            raise NotDataParallel(
+                f"--processes {self.world}: your DataLoader has no sampler to split (an "
+                "IterableDataset, or batch_size=None); give it a map-style dataset and a "
+                "batch_size, or run the cell in one process.")
+        indices = list(loader.sampler)   # the epoch's order, drawn as the loader draws it
+        per_rank = len(indices) // self.world
+        mine = indices[self.rank::self.world][:per_rank]
+        batches = _batched(mine, loader.batch_size, loader.drop_last)
+        return iter(DataLoader(loader.dataset, batch_sampler=batches,
+                               num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+                               pin_memory=loader.pin_memory, timeout=loader.timeout,
+                               worker_init_fn=loader.worker_init_fn,
+                               generator=loader.generator))
+
+    # -- the update: gradients averaged ------------------------------------------------------
+    def _average(self, optimizer, args, kwargs) -> None:
+        edge = self.edge
+        if edge.inside:
+            return
+        if self.loader.training is None:
+            raise NotDataParallel(
+                f"--processes {self.world}: your loop trains on data that comes from no "
+                "DataLoader, so nbtrain cannot give each process its share; it would train "
+                f"the same samples {self.world} times. Iterate a DataLoader in the loop, or "
+                "run the cell in one process.")
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"]
+                 if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        flat /= self.world
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+
+def _batched(indices: list, batch_size: int, drop_last: bool) -> list:
+    batches = [indices[i:i + batch_size] for i in range(0, len(indices), batch_size)]
+    if drop_last and batches and len(batches[-1]) < batch_size:
+        batches.pop()
+    return batches

@@ -1,0 +1,179 @@
+"""%%fasttrain --processes N on a cell that trains: the cell as written, in N processes
+(gloo on the CPU), made data-parallel by the watch in each; run as a notebook runs it
+(`run_cell` in a real InteractiveShell).
+
+The bar is data-parallel SGD: with shuffle off, two ranks at batch B give the weights of
+one process at batch 2B; the notebook's own objects hold the result."""
+import threading
+import time
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from nbtrain.ui import magic
+from test_processes import own_children
+
+SETUP = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+gen = torch.Generator().manual_seed(1)
+X, Y = torch.randn(256, 6, generator=gen), torch.randn(256, 1, generator=gen)
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 16), nn.Linear(16, 1)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)))
+"""
+
+LOOP = """
+for epoch in range(2):
+    for x, y in loader:
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+"""
+
+
+@pytest.fixture
+def ip():
+    shell = InteractiveShell.instance()
+    magic.load_ipython_extension(shell)
+    before = own_children()
+    shell.run_cell(SETUP)
+    yield shell
+    magic.unload_ipython_extension(shell)
+    for name in set(shell.user_ns) - set(shell.user_ns_hidden):
+        if not name.startswith("__"):
+            del shell.user_ns[name]
+    assert own_children() <= before   # no rank left behind
+
+
+def one_process(batch: int) -> nn.Module:
+    """The same loop in this process, at `batch`."""
+    ns = {}
+    exec(SETUP, ns)
+    torch.manual_seed(3)
+    model = ns["Net"]()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(2):
+        for x, y in DataLoader(TensorDataset(ns["X"], ns["Y"]), batch_size=batch):
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    return model
+
+
+def same(a: nn.Module, b: nn.Module) -> bool:
+    return all(torch.allclose(x, y, atol=1e-5)
+               for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_an_inline_loop_on_two_processes_is_one_process_at_twice_the_batch(ip):
+    ip.run_cell("torch.manual_seed(3)\nmodel = Net()\n"
+                "opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)\n"
+                "loader = DataLoader(TensorDataset(X, Y), batch_size=16)")
+    model, opt = ip.user_ns["model"], ip.user_ns["opt"]
+    result = ip.run_cell("%%fasttrain --processes 2\n" + LOOP)
+    assert result.error_in_exec is None
+    run = ip.user_ns["run"]
+    assert run.state == "finished", run.error
+    assert run.step == 2 * 256 // 32 and run.summary()["samples"] == 2 * 256
+    # the notebook's own objects hold the result, as if the cell had run here
+    assert ip.user_ns["model"] is model and ip.user_ns["opt"] is opt
+    assert same(model, one_process(batch=32))
+    assert opt.state[next(model.parameters())]["momentum_buffer"] is not None
+    assert run.resolved["processes"][0] == 2
+
+
+def test_a_loop_inside_a_function_the_cell_calls_and_objects_the_cell_makes(ip):
+    ip.run_cell("def train(model, opt, loader):\n"
+                + "\n".join("    " + line for line in LOOP.strip().splitlines()))
+    cell = ("%%fasttrain --processes 2\n"
+            "torch.manual_seed(3)\nmodel = Net()\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)\n"
+            "train(model, opt, DataLoader(TensorDataset(X, Y), batch_size=16))\n"
+            "rank_seen = __import__('os').environ['RANK']\n")
+    assert ip.run_cell(cell).error_in_exec is None
+    ns = ip.user_ns
+    assert ns["run"].state == "finished" and ns["run"].step == 16
+    assert same(ns["model"], one_process(batch=32))
+    # the optimizer that came back steps the notebook's model
+    assert {id(p) for g in ns["opt"].param_groups for p in g["params"]} == \
+        {id(p) for p in ns["model"].parameters()}
+    assert ns["rank_seen"] == "0"   # rank 0's namespace, RANK set as torchrun sets it
+
+
+def test_a_failing_rank_ends_the_cell_with_its_traceback(ip):
+    ip.run_cell("torch.manual_seed(3)\nmodel = Net()\n"
+                "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                "loader = DataLoader(TensorDataset(X, Y), batch_size=16)")
+    cell = ("%%fasttrain --processes 2\n"
+            "import os\n"
+            "for step, (x, y) in enumerate(loader):\n"
+            "    if step == 3 and os.environ['RANK'] == '1':\n"
+            "        raise ValueError('rank one broke')\n"
+            "    opt.zero_grad(); nn.functional.mse_loss(model(x), y).backward(); opt.step()\n")
+    ip.run_cell(cell)
+    run = ip.user_ns["run"]
+    assert run.state == "failed"
+    assert "rank 1" in str(run.error) and "ValueError: rank one broke" in str(run.error)
+
+
+def test_an_object_that_cannot_travel_is_named_before_any_process_starts(ip):
+    ip.run_cell("import threading\nlock = threading.Lock()\nmodel = Net()\n"
+                "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                "loader = DataLoader(TensorDataset(X, Y), batch_size=16)")
+    with pytest.raises(UsageError, match=r"`lock` \(lock\) cannot be sent"):
+        ip.run_cell("%%fasttrain --processes 2\nwith lock:\n" +
+                    "\n".join("    " + line for line in LOOP.strip().splitlines())).raise_error()
+
+
+def test_a_loop_without_a_dataloader_is_refused_not_trained_twice(ip):
+    ip.run_cell("model = Net()\nopt = torch.optim.SGD(model.parameters(), lr=0.1)")
+    cell = ("%%fasttrain --processes 2\n"
+            "for i in range(0, 256, 32):\n"
+            "    opt.zero_grad(); nn.functional.mse_loss(model(X[i:i+32]), Y[i:i+32]).backward()\n"
+            "    opt.step()\n")
+    before = [p.detach().clone() for p in ip.user_ns["model"].parameters()]
+    ip.run_cell(cell)
+    run = ip.user_ns["run"]
+    assert run.state == "failed" and "comes from no DataLoader" in str(run.error)
+    assert all(torch.equal(a, b) for a, b in zip(before, ip.user_ns["model"].parameters()))
+
+
+def test_stop_ends_every_rank_at_the_same_step(ip):
+    """The notebook's Stop (run.stop(), as the Stop button calls it) while the ranks train:
+    every rank ends at the same step, the Run stopped, the model as after that step."""
+    from nbtrain import entry
+
+    def stop_once_training():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            ref = entry._last_run["ref"]
+            run = ref() if ref else None
+            if run is not None and run.step >= 8:
+                run.stop()
+                return
+            time.sleep(0.01)
+    ip.run_cell("torch.manual_seed(3)\nmodel = Net()\n"
+                "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                "loader = DataLoader(TensorDataset(X, Y), batch_size=8)")
+    cell = ("%%fasttrain --processes 2 --log-every 4\n"
+            "import time\n"
+            "for epoch in range(10):\n"
+            "    for x, y in loader:\n"
+            "        time.sleep(0.01)\n"
+            "        opt.zero_grad(); nn.functional.mse_loss(model(x), y).backward(); opt.step()\n")
+    threading.Thread(target=stop_once_training, daemon=True).start()
+    ip.run_cell(cell)
+    run = ip.user_ns["run"]
+    assert run.state == "stopped", (run.state, run.error)
+    assert 8 <= run.step < 10 * 16 and run.step % 4 == 0   # the ranks agree every log_every
