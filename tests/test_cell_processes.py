@@ -177,3 +177,45 @@ def test_stop_ends_every_rank_at_the_same_step(ip):
     run = ip.user_ns["run"]
     assert run.state == "stopped", (run.state, run.error)
     assert 8 <= run.step < 10 * 16 and run.step % 4 == 0   # the ranks agree every log_every
+
+
+SCRIPT = '''
+import argparse
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--out")
+args = parser.parse_args()
+gen = torch.Generator().manual_seed(1)
+X, Y = torch.randn(256, 6, generator=gen), torch.randn(256, 1, generator=gen)
+torch.manual_seed(3)
+model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(2):
+    for x, y in DataLoader(TensorDataset(X, Y), batch_size={batch}):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    print("epoch", epoch, "done")
+torch.save(model.state_dict(), args.out)
+'''
+
+
+def test_nbtrain_run_trains_a_script_as_written_on_two_processes(tmp_path):
+    """`nbtrain run --processes 2 script.py args`: torchrun's job without the script's
+    changes; its file saved once (rank 0's), the other rank's prints marked."""
+    import subprocess
+    import sys
+    (tmp_path / "train.py").write_text(SCRIPT.format(batch=16))
+    (tmp_path / "one.py").write_text(SCRIPT.format(batch=32))
+    done = subprocess.run([sys.executable, "-m", "nbtrain", "run", "--processes", "2",
+                           "train.py", "--out", "two.pt"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[rank 1] epoch 1 done" in done.stdout and "\nepoch 1 done" in done.stdout
+    subprocess.run([sys.executable, "one.py", "--out", "one.pt"], cwd=tmp_path, check=True,
+                   timeout=300)
+    two, one = torch.load(tmp_path / "two.pt"), torch.load(tmp_path / "one.pt")
+    assert all(torch.allclose(two[k], one[k], atol=1e-5) for k in one)

@@ -113,7 +113,7 @@ class watch:
         config, settings, keeping = _keeping_apart(config, settings)
         cfg = own_loop_config(config, settings)
         cfg = cfg.replace(**keeping) if keeping else cfg
-        # _rank (cells.py): (rank, world, make_run), this process one of N; its records
+        # _rank (ui/cells.py): (rank, world, make_run), this process one of N; its records
         # come every log_every steps on every rank alike, so that they can be merged
         self.run = Run(cfg) if _rank is None else _rank[2](cfg)
         reporters.check(self.run.config)

@@ -1,4 +1,4 @@
-"""Command line: `nbtrain demo`."""
+"""Command line: `nbtrain demo`, `nbtrain run --processes N script.py [args]`."""
 from __future__ import annotations
 
 import argparse
@@ -33,7 +33,16 @@ def main(argv=None) -> int:
                       f"{TARGET_RATIO_SPREAD * 100:.0f}%%, or {BUDGET_S:.0f} s into the "
                       "demo); the table gives their median")
     demo.add_argument("--progress", action="store_true", help="show a progress bar per full run")
+    run = sub.add_parser("run", help="run a training script as written in N processes, "
+                         "data-parallel (torchrun's job, without the script's changes)")
+    run.add_argument("--processes", default="auto",
+                     help="processes: a number, or auto (every GPU; 1 on a CPU)")
+    run.add_argument("script", help="the training script, as you run it with python")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     args = parser.parse_args(argv)
+    if args.command == "run":
+        from .cells import run_script
+        return run_script(args.script, args.args, args.processes)
     if args.command == "demo":
         from ..tools.demo import run_demo
         demo_ = run_demo(epochs=args.epochs, max_rounds=args.max_rounds, progress=args.progress)

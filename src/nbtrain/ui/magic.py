@@ -23,7 +23,6 @@ from IPython.core import magic_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from ..cells import processes_for, train_cell
 from ..config import (
     FACTORY_FIELDS,
     FIELD_NAMES,
@@ -36,6 +35,7 @@ from ..config import (
 )
 from ..kinds import AUTO_FLAG, Flag, text_of
 from ..watcher import OWN_LOOP_FIELDS
+from .cells import processes_for, train_cell
 
 # what a watched cell takes: the settings a watch applies, and how its Run is kept
 WATCH_FIELDS = (*OWN_LOOP_FIELDS, "name", "store", "report_to", "report_dir")
@@ -215,42 +215,36 @@ class FastTrainMagics(Magics):
 
     def _train_in_processes(self, ns: dict, args, cell) -> bool:
         """--processes N on a cell that trains: the cell, as written, in N processes
-        (cells.py). False where the cell trained nothing there: it defines what fit
+        (ui/cells.py). False where the cell trained nothing there: it defines what fit
         trains, and runs here as any such cell (fit takes --processes)."""
-        world = processes_for(args.processes)
-        out = args.out or "run"
         try:
-            run = train_cell(cell, ns, world, {"optimize": True, **self._watch_settings(ns, args)},
-                             progress=_when_it_trains(args.dashboard))
+            run = train_cell(cell, ns, processes_for(args.processes),
+                             self._watch_settings(ns, args), _when_it_trains(args.dashboard))
         except ConfigError as err:
             raise UsageError(str(err)) from None
+        out = args.out or "run"
         if run.state == "finished" and run.step == 0:   # a cell for fit: it runs here next
             self._forget_watch(ns, out, {}, run)
             return False
         ns[out] = run
-        if run.state == "failed":
-            print(f"The cell failed in a process:\n{run.error}\nThe Run, with its records, "
-                  f"is in `{out}`.")
-        else:
-            print(run.summary_text())
+        print(f"The cell failed in a process:\n{run.error}\nThe Run, with its records, is "
+              f"in `{out}`." if run.state == "failed" else run.summary_text())
         return True
 
-    def _watch_settings(self, ns: dict, args) -> dict:
+    @staticmethod
+    def _watch_settings(ns: dict, args) -> dict:
         """The options (and --config's fields) that apply to a loop of one's own."""
         given = {name: value for name, value in vars(args).items()
                  if name in WATCH_FIELDS and value is not None}
-        config = ns.get(args.config) if args.config else None
-        if isinstance(config, TrainConfig):
-            defaults = TrainConfig()
-            given = {**{name: getattr(config, name) for name in WATCH_FIELDS
-                        if getattr(config, name) != getattr(defaults, name)}, **given}
-        return given
+        config, defaults = ns.get(args.config) if args.config else None, TrainConfig()
+        return {**{name: getattr(config, name) for name in WATCH_FIELDS
+                   if getattr(config, name) != getattr(defaults, name)}, **given} \
+            if isinstance(config, TrainConfig) else given
 
     def _cell_watch(self, ns: dict, args):
         """nt.watch with the options (and --config's fields) that apply to a loop of one's own."""
         import nbtrain
-        given = self._watch_settings(ns, args)
-        progress = _when_it_trains(args.dashboard)
+        given, progress = self._watch_settings(ns, args), _when_it_trains(args.dashboard)
         while True:   # a value a watch refuses (on_nan='skip') is fit's alone: left to fit
             try:
                 return nbtrain.watch(progress=progress, **given)
@@ -301,8 +295,6 @@ class FastTrainMagics(Magics):
         watch.__exit__(type(error) if error else None, error,
                        error.__traceback__ if error else None)
         return error
-
-# -- a cell with a loop of its own ----------------------------------------------------------
 
 # -- options -> TrainConfig -----------------------------------------------------------------
 

@@ -20,19 +20,19 @@ from datetime import timedelta
 
 import torch
 
-from . import checkpoint as ckpt
-from .config import ConfigError
-from .entry import attach_hooks, keep, remember, watch
-from .parallel.processes import (
+from .. import checkpoint as ckpt
+from ..config import ConfigError
+from ..entry import attach_hooks, keep, remember, watch
+from ..parallel.processes import (
     RANK_TIMEOUT_S,
     Ranks,
     failure_error,
     nbtrain_environment,
     supervise,
 )
-from .parallel.ranks import RankRun, control_group, pack, unpack
-from .run import Run
-from .watcher import own_loop_config
+from ..parallel.ranks import RankRun, control_group, pack, unpack
+from ..run import Run
+from ..watcher import own_loop_config
 
 # names IPython keeps in a notebook's namespace: its own, never the cell's
 _IPYTHON_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "open"}
@@ -45,20 +45,36 @@ def processes_for(asked) -> int:
     return int(asked)
 
 
-def train_cell(cell: str, ns: dict, world: int, settings: dict, progress=False) -> Run:
-    """Run `cell` in `world` processes, data-parallel; the notebook's Run, finished."""
+def train_cell(cell: str, ns: dict, world: int, settings: dict, progress=False,
+               script=None) -> Run:
+    """Run `cell` in `world` processes, data-parallel; the notebook's Run, finished.
+    `script` (run_script): the file's path and argv, as `python` would set them."""
     namespace = _namespace_for(cell, ns, world)
     run = Run(own_loop_config(None, {k: v for k, v in settings.items() if k != "optimize"}))
-    run.resolved["processes"] = (world, f"--processes {world}: your cell, as written, in "
+    run.resolved["processes"] = (world, f"--processes {world}: your code, as written, in "
                                  f"{world} processes; each rank's DataLoader its shard")
     remember(run)
     keep(run, ("watch", None))
     attach_hooks(run, None, None, progress)
-    payload = dict(cell=cell, namespace=namespace, settings=settings,
+    payload = dict(cell=cell, namespace=namespace, settings=settings, script=script,
                    timeout_s=RANK_TIMEOUT_S, env=nbtrain_environment())
     ranks = Ranks(world, payload, target=cell_rank_main)
     supervise(run, ranks, finish=lambda *args, **kw: _finish_cell(ns, *args, **kw))
     return run
+
+
+def run_script(path: str, args: list, processes="auto") -> int:
+    """`nbtrain run --processes N script.py [args]`: the script as `python script.py args`
+    would run it, in N processes, data-parallel; 0 where it finished, 1 where not."""
+    world = processes_for(processes)
+    with open(path, encoding="utf-8") as f:
+        source = f.read()
+    script = dict(path=os.path.abspath(path), argv=[path, *args])
+    run = train_cell(source, {}, world, {}, progress=False, script=script)
+    print(run.summary_text())
+    if run.state == "failed":
+        print(run.error)
+    return 0 if run.state in ("finished", "stopped") else 1
 
 
 def _namespace_for(cell: str, ns: dict, world: int) -> dict:
@@ -111,16 +127,52 @@ def _run_cell_rank(rank: int, world: int, port: int, blob: bytes, messages, requ
             return RankRun(cfg, rank, world, messages, requests, control)
         ns = dict(payload["namespace"], __name__="__main__", __builtins__=builtins)
         given = dict(payload["namespace"])
+        source = _as_script(payload["script"], ns, rank)
         messages.put(("ready", rank, {"resolved": {}, "total_steps": None}))
         watched = watch(progress=False, _rank=(rank, world, make_run), **payload["settings"])
         watched.warns_untrained = False   # a cell for fit: the notebook runs it next
         with watched as run:
-            exec(compile(payload["cell"], "<cell>", "exec"), ns)
+            exec(compile(payload["cell"], source, "exec"), ns)
         messages.put(("end", rank, _end_report(run, rank, ns, given)))
         dist.destroy_process_group()
     except BaseException as exc:
         messages.put(("failed", rank, {"text": "".join(traceback.format_exception(exc)).rstrip(),
                                        "exception": None}))
+
+
+def _as_script(script, ns: dict, rank: int) -> str:
+    """A script's rank runs as `python script.py args` would: its argv, __file__ and
+    folder on sys.path; its torch.save files written by rank 0 only (as a torchrun script
+    guards them with `if rank == 0`), the other ranks' prints marked with their rank.
+    Returns the file name its tracebacks show."""
+    if script is None:
+        return "<cell>"
+    import sys
+    sys.argv = list(script["argv"])
+    sys.path.insert(0, os.path.dirname(script["path"]))
+    ns["__file__"] = script["path"]
+    if rank:
+        torch.save = lambda *args, **kwargs: None
+        sys.stdout = _Marked(sys.stdout, f"[rank {rank}] ")
+    return script["path"]
+
+
+class _Marked:
+    """A stream whose lines start with a mark."""
+
+    def __init__(self, stream, mark: str):
+        self.stream, self.mark, self.at_start = stream, mark, True
+
+    def write(self, text: str) -> int:
+        for line in text.splitlines(True):
+            if self.at_start:
+                self.stream.write(self.mark)
+            self.stream.write(line)
+            self.at_start = line.endswith("\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
 
 
 def _end_report(run, rank: int, ns: dict, given: dict) -> dict:
