@@ -149,6 +149,9 @@ class Steps:
         if not edge.backwards:   # an optimizer step without backward: its batch's samples
             interval.add_samples(edge.samples)
             edge.samples = 0
+            run.resolved.setdefault("loss", (None, (
+                "not seen: your loop's steps run no backward() the watch sees (gradients "
+                "set by hand, or from torch.func), so no loss is recorded")))
         seen = interval.samples - interval.samples_done
         if seen:
             self._samples_last = seen
