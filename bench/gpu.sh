@@ -26,6 +26,8 @@
 #                  optimizer one at a time, each measured                        100 s
 #   processes      bench/processes.py, only with several GPUs (one GPU each; with
 #                  one it would time the CPU)                                     90 s
+#   cell_processes bench/cell_processes.py, only with several GPUs: a hand-written loop
+#                  cell on every GPU (%%fasttrain --processes auto) against one    90 s
 set -uo pipefail
 out=${OUT:-/tmp}
 export PYTHONPATH=src PYTHONUNBUFFERED=1 NBTRAIN_BENCH_CHECKS="$out/checks.jsonl"
@@ -68,6 +70,7 @@ if [ "$left" -gt 10 ]; then   # never 0: `timeout 0` sets no limit at all
 fi
 if [ "$(nvidia-smi -L | grep -c '^GPU')" -gt 1 ]; then
   stage processes 90 python3 bench/processes.py --repeats 3
+  stage cell_processes 90 python3 bench/cell_processes.py --repeats 3
 fi
 
 echo

@@ -110,9 +110,7 @@ class watch:
 
     def __init__(self, config: Optional[TrainConfig] = None, *, optimize: bool = True,
                  progress="auto", _rank: Optional[tuple] = None, **settings):
-        config, settings, keeping = _keeping_apart(config, settings)
-        cfg = own_loop_config(config, settings)
-        cfg = cfg.replace(**keeping) if keeping else cfg
+        cfg, settings = watch_config(config, settings)
         # _rank (ui/cells.py): (rank, world, make_run), this process one of N; its records
         # come every log_every steps on every rank alike, so that they can be merged
         self.run = Run(cfg) if _rank is None else _rank[2](cfg)
@@ -178,6 +176,14 @@ def trials(name: Optional[str] = None):
         yield
     finally:
         _kind.reset(token)
+
+
+def watch_config(config: Optional[TrainConfig], settings: dict):
+    """(A watch's TrainConfig, the settings a loop of one's own takes): own_loop_config's
+    fields, and those that keep any run (its name, the store, report_to)."""
+    config, settings, keeping = _keeping_apart(config, dict(settings))
+    cfg = own_loop_config(config, settings)
+    return (cfg.replace(**keeping) if keeping else cfg), settings
 
 
 def _keeping_apart(config, settings: dict):

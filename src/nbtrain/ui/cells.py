@@ -22,7 +22,7 @@ import torch
 
 from .. import checkpoint as ckpt
 from ..config import ConfigError
-from ..entry import attach_hooks, keep, remember, watch
+from ..entry import attach_hooks, keep, remember, watch, watch_config
 from ..parallel.processes import (
     RANK_TIMEOUT_S,
     Ranks,
@@ -32,7 +32,6 @@ from ..parallel.processes import (
 )
 from ..parallel.ranks import RankRun, control_group, pack, unpack
 from ..run import Run
-from ..watcher import own_loop_config
 
 # names IPython keeps in a notebook's namespace: its own, never the cell's
 _IPYTHON_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "open"}
@@ -50,7 +49,7 @@ def train_cell(cell: str, ns: dict, world: int, settings: dict, progress=False,
     """Run `cell` in `world` processes, data-parallel; the notebook's Run, finished.
     `script` (run_script): the file's path and argv, as `python` would set them."""
     namespace = _namespace_for(cell, ns, world)
-    run = Run(own_loop_config(None, {k: v for k, v in settings.items() if k != "optimize"}))
+    run = Run(watch_config(None, {k: v for k, v in settings.items() if k != "optimize"})[0])
     run.resolved["processes"] = (world, f"--processes {world}: your code, as written, in "
                                  f"{world} processes; each rank's DataLoader its shard")
     remember(run)
