@@ -219,3 +219,36 @@ def test_nbtrain_run_trains_a_script_as_written_on_two_processes(tmp_path):
                    timeout=300)
     two, one = torch.load(tmp_path / "two.pt"), torch.load(tmp_path / "one.pt")
     assert all(torch.allclose(two[k], one[k], atol=1e-5) for k in one)
+
+
+LAUNCH = '''
+import runpy, sys
+from torchvision_ops import declare_missing_ops   # the CPU torch lacks torchvision's C++ ops
+declare_missing_ops()
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+'''
+
+
+@pytest.mark.parametrize("program, args, steps", [
+    ("quickstart", (), 2 * (640 // 2) // 64),          # 2 epochs, each rank 320 of 640
+    ("mnist_cnn", (), 2 * (320 // 2) // 32),           # 2 epochs, each rank 160 of 320
+    ("mingpt_adder", ("--trainer.max_iters=40", "--trainer.num_workers=0",
+                      "--data.ndigit=1"), 40),        # an endless sampler, 40 iterations
+])
+def test_public_programs_run_verbatim_on_two_processes(program, args, steps, tmp_path):
+    """Three of the corpus's programs, as written, through `nbtrain run --processes 2`:
+    each rank takes half of every epoch (minGPT's endless sampler, read lazily)."""
+    import pathlib
+    import re
+    import subprocess
+    import sys
+    corpus = pathlib.Path(__file__).parent / "corpus"
+    (tmp_path / "launch.py").write_text(LAUNCH)
+    env = {**__import__("os").environ, "PYTHONPATH": f"{corpus}:{corpus / 'programs'}"}
+    done = subprocess.run([sys.executable, "-m", "nbtrain", "run", "--processes", "2",
+                           "launch.py", str(corpus / "programs" / f"{program}.py"), *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert re.search(rf"^state\s+finished$", done.stdout, re.M), done.stdout[-2000:]
+    assert re.search(rf"^steps\s+{steps}$", done.stdout, re.M), done.stdout[-2000:]

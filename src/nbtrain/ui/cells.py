@@ -150,24 +150,24 @@ def _as_script(script, ns: dict, rank: int) -> str:
     sys.argv = list(script["argv"])
     sys.path.insert(0, os.path.dirname(script["path"]))
     ns["__file__"] = script["path"]
+    sys.stdout = _Marked(sys.stdout, f"[rank {rank}] " if rank else "")
     if rank:
         torch.save = lambda *args, **kwargs: None
-        sys.stdout = _Marked(sys.stdout, f"[rank {rank}] ")
     return script["path"]
 
 
 class _Marked:
-    """A stream whose lines start with a mark."""
+    """A stream that writes whole lines, each at once and marked: the ranks share one
+    pipe, and a line written in pieces would interleave with another rank's."""
 
     def __init__(self, stream, mark: str):
-        self.stream, self.mark, self.at_start = stream, mark, True
+        self.stream, self.mark, self.pending = stream, mark, ""
 
     def write(self, text: str) -> int:
-        for line in text.splitlines(True):
-            if self.at_start:
-                self.stream.write(self.mark)
-            self.stream.write(line)
-            self.at_start = line.endswith("\n")
+        *lines, self.pending = (self.pending + text).split("\n")
+        for line in lines:
+            self.stream.write(f"{self.mark}{line}\n")
+            self.stream.flush()
         return len(text)
 
     def flush(self) -> None:

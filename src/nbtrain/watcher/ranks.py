@@ -15,6 +15,8 @@ NotDataParallel on every rank alike, before any update.
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -55,15 +57,28 @@ class Ranks:
                 f"--processes {self.world}: your DataLoader has no sampler to split (an "
                 "IterableDataset, or batch_size=None); give it a map-style dataset and a "
                 "batch_size, or run the cell in one process.")
-        indices = list(loader.sampler)   # the epoch's order, drawn as the loader draws it
-        per_rank = len(indices) // self.world
-        mine = indices[self.rank::self.world][:per_rank]
-        batches = _batched(mine, loader.batch_size, loader.drop_last)
-        return iter(DataLoader(loader.dataset, batch_sampler=batches,
-                               num_workers=loader.num_workers, collate_fn=loader.collate_fn,
-                               pin_memory=loader.pin_memory, timeout=loader.timeout,
-                               worker_init_fn=loader.worker_init_fn,
-                               generator=loader.generator))
+        batches = _batched(self._my_indices(loader.sampler), loader.batch_size,
+                           loader.drop_last)
+        shard = DataLoader(loader.dataset, batch_sampler=batches,
+                           num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+                           pin_memory=loader.pin_memory, timeout=loader.timeout,
+                           worker_init_fn=loader.worker_init_fn, generator=loader.generator)
+        edge = self.edge
+        edge.inside = True   # the shard's own iterator is nbtrain's, not a loader of the loop
+        try:
+            return iter(shard)
+        finally:
+            edge.inside = False
+
+    def _my_indices(self, sampler):
+        """Every world-th index of the epoch's order from this rank's own, drawn as the
+        loader draws it; cut to the same count on every rank where the sampler has a
+        length (an endless one, minGPT's RandomSampler of 1e10 samples, is read lazily)."""
+        try:
+            end = len(sampler) // self.world * self.world
+        except TypeError:
+            end = None
+        return itertools.islice(iter(sampler), self.rank, end, self.world)
 
     # -- the update: gradients averaged ------------------------------------------------------
     def _average(self, optimizer, args, kwargs) -> None:
@@ -89,8 +104,13 @@ class Ranks:
             offset += g.numel()
 
 
-def _batched(indices: list, batch_size: int, drop_last: bool) -> list:
-    batches = [indices[i:i + batch_size] for i in range(0, len(indices), batch_size)]
-    if drop_last and batches and len(batches[-1]) < batch_size:
-        batches.pop()
-    return batches
+def _batched(indices, batch_size: int, drop_last: bool):
+    """Batches of `indices` as they come (an endless sampler's too)."""
+    batch = []
+    for index in indices:
+        batch.append(index)
+        if len(batch) == batch_size:
+            yield batch
+            batch = []
+    if batch and not drop_last:
+        yield batch
