@@ -55,7 +55,7 @@ def train_cell(cell: str, ns: dict, world: int, settings: dict, progress=False,
     remember(run)
     keep(run, ("watch", None))
     attach_hooks(run, None, None, progress)
-    payload = dict(cell=cell, namespace=namespace, settings=settings, script=script,
+    payload = dict(cell=cell, namespace=pack(namespace), settings=settings, script=script,
                    timeout_s=RANK_TIMEOUT_S, env=nbtrain_environment())
     ranks = Ranks(world, payload, target=cell_rank_main)
     supervise(run, ranks, finish=lambda *args, **kw: _finish_cell(ns, *args, **kw))
@@ -124,8 +124,8 @@ def _run_cell_rank(rank: int, world: int, port: int, blob: bytes, messages, requ
 
         def make_run(cfg):
             return RankRun(cfg, rank, world, messages, requests, control)
-        ns = dict(payload["namespace"], __name__="__main__", __builtins__=builtins)
-        given = dict(payload["namespace"])
+        given = unpack_on_gpu(payload["namespace"])   # after set_device: this rank's GPU
+        ns = dict(given, __name__="__main__", __builtins__=builtins)
         source = _as_script(payload["script"], ns, rank)
         messages.put(("ready", rank, {"resolved": {}, "total_steps": None}))
         watched = watch(progress=False, _rank=(rank, world, make_run), **payload["settings"])
@@ -217,7 +217,7 @@ def _finish_cell(ns: dict, run: Run, ends: dict, failure, position, elapsed_s: f
             error = failure_error(run, rank, body)
     else:
         first = ends[0]
-        back = unpack(first["blob"])
+        back = unpack_on_gpu(first["blob"])
         take_back(ns, back["results"])
         run.move_to(**{k: v for k, v in zip(("step", "epoch", "batch_in_epoch"),
                                             back["position"])})
@@ -225,6 +225,17 @@ def _finish_cell(ns: dict, run: Run, ends: dict, failure, position, elapsed_s: f
         state = "interrupted" if run.interrupted else first["state"]
     run.finish(state, read_rng=ckpt.rng_state, elapsed_s=elapsed_s, error=error,
                message=message)
+
+
+def unpack_on_gpu(blob: bytes):
+    """pack's payload with what was on a GPU on this process's current GPU (a model the
+    notebook moved to the GPU arrives there), the rest on the CPU, as it was."""
+    import io
+
+    def place(storage, location: str):
+        return storage.cuda() if location.startswith("cuda") and torch.cuda.is_available() \
+            else storage
+    return torch.load(io.BytesIO(blob), map_location=place, weights_only=False)
 
 
 def take_back(ns: dict, results: dict) -> None:
