@@ -142,7 +142,7 @@ def test_a_bf16_slower_than_the_estimate_stops_the_next_runs_blocks(clock):
     for _ in range(2):
         run, ran, key = run_loop(clock, bf16_s=4e-3)
         assert run.resolved["measuring_s"][0] == 0.0
-    assert blocks_kept(key)["extra"] == pytest.approx(3e-3)
+    assert blocks_kept(key)["extras"] == [pytest.approx(3e-3)]
 
 
 def test_blocks_measured_under_another_load_are_dropped(clock, monkeypatch):

@@ -199,7 +199,7 @@ def bf16_blocks(key) -> Optional[dict]:
     """The blocks of a bf16 trial on `key` that earlier runs measured but that have not
     decided yet (the watch's short loops measure a few a run): {"off": [...], "bf16":
     [...]} (times per step), "runs" (the runs that measured them), "run_s" (the last
-    run's length), "extra" (the most a bf16 step cost beyond fp32's) and "load" (the
+    run's length), "extras" (what bf16 steps cost beyond fp32's) and "load" (the
     first's). None when there are none, or they were measured under another load: like a
     gain, they are this machine's only while the load holds (machine.load_moved)."""
     entry = _BF16_BLOCKS.get(key) or _read_blocks(key)
@@ -216,7 +216,7 @@ def _read_blocks(key) -> Optional[dict]:
         off, bf16 = [float(t) for t in entry["off"]], [float(t) for t in entry["bf16"]]
         return {"off": off, "bf16": bf16,
                 "runs": int(entry["runs"]), "run_s": float(entry["run_s"]),
-                "extra": float(entry["extra"]), "load": float(entry["load"])}
+                "extras": [float(e) for e in entry["extras"]], "load": float(entry["load"])}
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

@@ -352,13 +352,13 @@ class Bf16Trial:
 
     def __init__(self, load: float = 0.0, kept: Optional[dict] = None):
         self.load = load   # the load average as the first block began: what the gain is kept with
-        kept = kept or {"off": [], "bf16": [], "runs": 0, "run_s": None, "extra": 0.0}
+        kept = kept or {"off": [], "bf16": [], "runs": 0, "run_s": None, "extras": []}
         # at most a pair short of a whole trial: a whole one has decided, and is dropped
         pairs = min(len(kept["off"]), len(kept["bf16"]), self._pairs() - 1)
         self.per_step = {"bf16": kept["bf16"][:pairs], "off": kept["off"][:pairs]}
         self.runs_before, self.pairs_before = kept["runs"], pairs
         self.last_run_s = kept["run_s"]   # the last run's length: a short loop's blocks fit it
-        self.extra = kept["extra"]        # the most a bf16 step cost beyond fp32's, in any block
+        self.extras = kept["extras"]      # what a bf16 step cost beyond fp32's, the last blocks'
         self.running = False
         self.mode = "off"
         self.warm_up = None  # this run's warm-up block's time per step
@@ -388,9 +388,10 @@ class Bf16Trial:
         return self._steps(step_s) * self._step_cost(step_s)
 
     def _step_cost(self, step_s: float) -> float:
-        """A bf16 step's cost beyond fp32: at half speed, or the most a block measured (a
-        first block's cost is known only once it has run)."""
-        return max(step_s, self.extra)
+        """A bf16 step's cost beyond fp32: at half speed, or what the last bf16 blocks
+        measured (their median: one slow block does not stop the trial), where that is
+        more. A first block's cost is known only once it has run."""
+        return max(step_s, statistics.median(self.extras)) if self.extras else step_s
 
     def _steps(self, step_s: float) -> int:
         """BLOCK_S of steps, at least BLOCK_STEPS; where the model's last run was short, as
@@ -449,7 +450,8 @@ class Bf16Trial:
         fp32 block's, or the loop's before the unit where none has run)."""
         fp32 = statistics.median(self.per_step["off"]) if self.per_step["off"] else self._pace
         extras = [(max(t - fp32, 0.0), steps) for t, steps in self._unit_bf16]
-        self.extra = max([self.extra] + [e for e, _ in extras])
+        # a trial's bf16 blocks at most: what the loop costs now, not long ago
+        self.extras = (self.extras + [e for e, _ in extras])[-self.ORDER.count("bf16"):]
         self._unit_bf16 = []
         return sum(e * steps for e, steps in extras)
 
@@ -486,7 +488,7 @@ class Bf16Trial:
         run (auto.precision.keep_bf16_blocks's entry)."""
         pairs = self.pairs() if blocks else 0
         return {"off": self.per_step["off"][:pairs], "bf16": self.per_step["bf16"][:pairs],
-                "runs": self.runs() if blocks else 0, "run_s": run_s, "extra": self.extra,
+                "runs": self.runs() if blocks else 0, "run_s": run_s, "extras": self.extras,
                 "load": self.load}
 
     def standing(self) -> str:
