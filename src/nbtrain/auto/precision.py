@@ -185,9 +185,60 @@ def remember_bf16_gain(key, gain: float, load: Optional[float] = None) -> None:
 
 
 def _gain_file(key):
+    """Where `key`'s gain is kept on disk; a trial's blocks for it lie next to it
+    (_blocks_file)."""
     from ..files import cache_dir
     what = {"bf16 gain": repr(key), "threads": torch.get_num_threads()}
     return cache_dir() / "bf16" / f"{cache_key(what)}.json"
+
+
+_BF16_BLOCKS = {}   # key -> the blocks of a bf16 trial not yet decided, for this process
+
+
+def bf16_blocks(key) -> Optional[dict]:
+    """The blocks of a bf16 trial on `key` that earlier runs measured but that have not
+    decided yet (the watch's short loops measure a few a run): {"off": [...], "bf16":
+    [...]} (times per step), "runs" (the runs that measured them), "run_s" (the last
+    run's length), "extras" (what bf16 steps cost beyond fp32's) and "load" (the
+    first's). None when there are none, or they were measured under another load: like a
+    gain, they are this machine's only while the load holds (machine.load_moved)."""
+    entry = _BF16_BLOCKS.get(key) or _read_blocks(key)
+    if entry is None or load_moved(entry["load"]):
+        return None
+    _BF16_BLOCKS[key] = entry
+    return entry
+
+
+def _read_blocks(key) -> Optional[dict]:
+    """The blocks kept on disk for `key`; None when there are none or they are damaged."""
+    try:
+        entry = json.loads(_blocks_file(key).read_text())
+        off, bf16 = [float(t) for t in entry["off"]], [float(t) for t in entry["bf16"]]
+        return {"off": off, "bf16": bf16,
+                "runs": int(entry["runs"]), "run_s": float(entry["run_s"]),
+                "extras": [float(e) for e in entry["extras"]], "load": float(entry["load"])}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def keep_bf16_blocks(key, entry: dict) -> None:
+    """Keep a trial's blocks for `key` (bf16_blocks' entry) in this process and on disk,
+    for the next run of the same model to go on from."""
+    _BF16_BLOCKS[key] = entry
+    from ..files import atomic_write
+    with contextlib.suppress(OSError), atomic_write(_blocks_file(key), "w") as f:
+        json.dump({**entry, "key": repr(key)[:2000]}, f)
+
+
+def drop_bf16_blocks(key) -> None:
+    """A trial on `key` has decided: its blocks are done with."""
+    _BF16_BLOCKS.pop(key, None)
+    with contextlib.suppress(OSError):
+        _blocks_file(key).unlink(missing_ok=True)
+
+
+def _blocks_file(key):
+    return _gain_file(key).with_suffix(".blocks.json")
 
 
 # the probe's blocks: fp32 and bf16 in ABBA order, so that a drift of the machine's speed

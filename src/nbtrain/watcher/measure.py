@@ -5,7 +5,10 @@ of the time run so far, as nt.fit does. The parts, in order:
 1. bf16 "auto" on a CPU or GPU with bf16 units (optimize=True): a trial on the loop's own steps,
    blocks of steps with and without autocast interleaved (Bf16Trial), judged by
    auto.precision.decide with fp32 (the loop as written) the default. A decisive result is remembered per architecture on the machine,
-   with the load average it was measured under (measured again once that has moved).
+   with the load average it was measured under (measured again once that has moved). Each
+   pair of blocks starts once it is affordable on its own, and the pairs a run measured
+   without deciding are kept for the same model's next run (a short loop re-run as a cell
+   decides over a few runs).
 2. The FLOPs of one of the loop's steps, counted as it runs (a dispatch mode that runs
    every op as it is and adds up torch's FLOP formulas: the loop's numbers unchanged).
 3. The device's peak, where it is not known already (a GEMM probe, cached on disk).
@@ -17,6 +20,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from typing import Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -24,9 +28,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..auto import budget, flops
 from ..auto.precision import (
     MIN_BF16_GAIN,
+    bf16_blocks,
     bf16_units,
     blocks_decisive,
     decide,
+    drop_bf16_blocks,
+    keep_bf16_blocks,
     remember_bf16_gain,
 )
 from ..machine import load_now
@@ -34,6 +41,7 @@ from .precision import bf16_key
 
 BLOCK_S = 0.03       # a trial block's length: many steps of a small model, a few of a large one
 BLOCK_STEPS = 3      # at least
+UNITS_A_RUN = 3      # a short loop's block: a third of its last run's budget (warm-up, pair, room)
 COUNT_COST = 3.0     # a step under the FLOP count takes up to ~this many steps (Python per op)
 PEAK_PROBE_S = 1.0   # what a GEMM probe of the peak may take (flops.probe_gemm)
 
@@ -49,6 +57,7 @@ class Measure:
         self.measured_s = 0.0      # what the measuring cost the loop so far
         self.count = None          # "due": the next step is counted; a FlopCount while it runs
         self._trial = None         # Bf16Trial, until decided
+        self._trial_key = None     # what its blocks and gain are kept under
         self._count_key = None
         self._peak_due = False
         self._compiled = False
@@ -56,11 +65,10 @@ class Measure:
 
     def plan(self, model, bf16_trial: bool) -> None:
         """At the model's first forward: what is to be measured on it."""
-        if bf16_trial:
-            self._trial = Bf16Trial(load=load_now())   # before the loop's own steps add to it
-            self.pending = True
-        self._compiled = type(model).__name__ == "OptimizedModule"
         resolved = self.edge.run.resolved
+        if bf16_trial:
+            self._plan_trial(model, resolved)
+        self._compiled = type(model).__name__ == "OptimizedModule"
         if not self.edge.run.config.count_flops:
             return
         if self._compiled:
@@ -73,6 +81,17 @@ class Measure:
             self._set_flops(*counted, "counted before in this process for this model")
         self._peak_due = True
         self.pending = True
+
+    def _plan_trial(self, model, resolved) -> None:
+        """The bf16 trial, going on from the blocks the model's earlier runs kept."""
+        self._trial_key = bf16_key(model, self.edge.device)
+        kept = bf16_blocks(self._trial_key)
+        # the load before the loop's own steps add to it, or the kept blocks' first one's
+        self._trial = Bf16Trial(load=kept["load"] if kept else load_now(), kept=kept)
+        self.pending = True
+        if kept and self._trial.pairs():
+            amp, why = resolved["amp"]
+            resolved["amp"] = (amp, f"{why}; {self._trial.standing()} so far")
 
     def undecided(self) -> bool:
         """Whether bf16 is still to be decided by a trial on the loop's steps."""
@@ -108,11 +127,13 @@ class Measure:
 
     def _start_what_is_affordable(self, now: float) -> None:
         step_s = self._step_s(now)
-        if self._trial is not None:
-            if self._affordable(self._trial.cost_s(step_s), now):
+        trial = self._trial
+        if trial is not None:
+            # a pair (or the warm-up) at a time, each within the budget when it starts
+            if self._affordable(trial.cost_s(step_s), now):
                 now = self._gpu_done(now)
-                self._trial.start(step_s, now, self.edge.waited_s, self.edge.run.step + 1)
-                self.precision.amp = self._trial.mode
+                trial.start(step_s, now, self.edge.waited_s, self.edge.run.step + 1, trial.unit())
+                self.precision.amp = trial.mode
             return   # the FLOPs and the peak after the trial: the peak depends on the amp
         if self._flops_wanted():
             if self._affordable(COUNT_COST * step_s, now):
@@ -145,23 +166,36 @@ class Measure:
         if trial.ends_block():
             now = self._gpu_done(now)
         trial.step_done(now, edge.waited_s)
+        self.precision.amp = trial.mode
         if trial.running:
-            self.precision.amp = trial.mode
             return
+        self._spent(trial.take_extra_s())   # the unit's cost, as it ends
+        if trial.complete():
+            self._decide(trial)
+
+    def _decide(self, trial: "Bf16Trial") -> None:
+        """The trial's blocks are all in: its verdict, for the rest of the run and (where
+        decisive) for the model's next runs; its blocks are done with either way (within
+        the noise, the next run measures anew, its blocks sized by this one's length)."""
+        edge = self.edge
         self._trial = None
         keep, gain, why = trial.verdict()
         self.precision.amp = amp = "bf16" if keep else "off"
-        self._spent(trial.extra_s())
         if trial.decisive():
-            remember_bf16_gain(bf16_key(edge.model, edge.device), gain, trial.load)
+            remember_bf16_gain(self._trial_key, gain, trial.load)
+            drop_bf16_blocks(self._trial_key)
+        else:
+            ran = time.perf_counter() - edge.started
+            keep_bf16_blocks(self._trial_key, trial.kept(ran, blocks=False))
         edge.run.resolved["amp"] = (amp, f"{bf16_units(edge.device)}; {why} (measured on "
-                                    f"your loop's own steps {trial.first_step}-{edge.run.step})")
+                                    f"your loop's own steps {trial.steps_measured(edge.run.step)})")
         self._done()
 
     def _gpu_done(self, now: float) -> float:
         """On a GPU, a trial block's edge waits for the kernels queued so far, so that each
         block is timed by the GPU's work, not by how far ahead the host queued it (one
-        sync a block, 8 in a trial); on a CPU, `now` as it is."""
+        sync at each block's end and each warm-up's or pair's start, 11 in a trial run at
+        once); on a CPU, `now` as it is."""
         if self.edge.device.type != "cuda":
             return now
         torch.cuda.synchronize(self.edge.device)
@@ -219,6 +253,9 @@ class Measure:
             self.count.stop()
         self.count = None
         if self._trial is not None and self._trial.running:
+            now = time.perf_counter()
+            self._trial.abandon(now, self.edge.waited_s)
+            self._spent(self._trial.take_extra_s())
             self.precision.amp = "off"
 
     def say_what_was_not_measured(self) -> None:
@@ -228,7 +265,7 @@ class Measure:
                f"{budget.words()} of it")
         resolved = edge.run.resolved
         if self._trial is not None:
-            resolved["amp"] = ("off", f"{bf16_units(edge.device)}, but {why}: fp32, as written")
+            resolved["amp"] = ("off", self._keep_trial(ran, why))
             self._trial = None
         if edge.run.config.count_flops and not self._compiled and edge.model is not None \
                 and "flops_per_step" not in resolved:
@@ -236,6 +273,17 @@ class Measure:
         if self._peak_due and "peak_tflops" not in resolved:
             resolved["peak_tflops"] = (None, f"not measured: {why}")
         self._say_what_measuring_cost()
+
+    def _keep_trial(self, ran: float, why: str) -> str:
+        """An undecided trial's pairs kept for the model's next run (with this run's
+        length, which sizes its blocks); what the amp's message says."""
+        trial, units = self._trial, bf16_units(self.edge.device)
+        keep_bf16_blocks(self._trial_key, trial.kept(ran))
+        if not trial.pairs():
+            return (f"{units}, but {why}: fp32, as written (a re-run of this model measures "
+                    "bf16 a few blocks a run)")
+        return (f"{units}; {trial.standing()}, each run's at most {budget.words()} of it: "
+                "fp32 until it decides")
 
     def _say_what_measuring_cost(self) -> None:
         ran = max(time.perf_counter() - self.edge.started, 1e-9)
@@ -294,29 +342,77 @@ class FlopCount(TorchDispatchMode):
 class Bf16Trial:
     """Blocks of the loop's steps, bf16 and fp32 interleaved: a bf16 warm-up block, then
     (fp32, bf16), (bf16, fp32), (fp32, bf16), so that a drift of the machine's speed
-    weighs on both alike. Each block's time per step leaves out the loader's wait."""
+    weighs on both alike. Each block's time per step leaves out the loader's wait.
+
+    A run may measure only some of the pairs (`kept`: those of earlier runs of the model,
+    auto.precision.bf16_blocks); each run warms up first, since a new process pays bf16's
+    first calls in its first block."""
 
     ORDER = ("bf16", "off", "bf16", "bf16", "off", "off", "bf16")
 
-    def __init__(self, load: float = 0.0):
-        self.load = load   # the load average as the watch began: what the gain is kept with
+    def __init__(self, load: float = 0.0, kept: Optional[dict] = None):
+        self.load = load   # the load average as the first block began: what the gain is kept with
+        kept = kept or {"off": [], "bf16": [], "runs": 0, "run_s": None, "extras": []}
+        # at most a pair short of a whole trial: a whole one has decided, and is dropped
+        pairs = min(len(kept["off"]), len(kept["bf16"]), self._pairs() - 1)
+        self.per_step = {"bf16": kept["bf16"][:pairs], "off": kept["off"][:pairs]}
+        self.runs_before, self.pairs_before = kept["runs"], pairs
+        self.last_run_s = kept["run_s"]   # the last run's length: a short loop's blocks fit it
+        self.extras = kept["extras"]      # what a bf16 step cost beyond fp32's, the last blocks'
         self.running = False
-        self.block = 0
         self.mode = "off"
-        self.per_step = {"bf16": [], "off": []}
-        self.warm_up = 0.0   # the warm-up block's time per step
+        self.warm_up = None  # this run's warm-up block's time per step
         self.first_step = 0
+        self.steps_per_block = 0
+        self._unit_bf16 = []   # (time per step, steps) of the bf16 blocks not yet paid for
+
+    def _pairs(self) -> int:
+        return (len(self.ORDER) - 1) // 2
+
+    def compared(self) -> int:
+        """The compared blocks measured, earlier runs' included."""
+        return len(self.per_step["off"]) + len(self.per_step["bf16"])
+
+    def complete(self) -> bool:
+        return self.compared() == len(self.ORDER) - 1
+
+    def _next_block(self) -> int:
+        return self.compared() + 1 if self.warm_up is not None else 0
+
+    def unit(self) -> int:
+        """The blocks of the next step of the trial: the warm-up, or a pair."""
+        return 1 if self.warm_up is None else 2
 
     def cost_s(self, step_s: float) -> float:
-        """What the trial may cost at most: its bf16 blocks' time (bf16 at half speed)."""
-        return self.ORDER.count("bf16") * self._steps(step_s) * step_s
+        """What the next unit (the warm-up or a pair) may cost at most: its bf16 block."""
+        return self._steps(step_s) * self._step_cost(step_s)
+
+    def _step_cost(self, step_s: float) -> float:
+        """A bf16 step's cost beyond fp32: at half speed, or what the last bf16 blocks
+        measured (their median: one slow block does not stop the trial), where that is
+        more. A first block's cost is known only once it has run."""
+        return max(step_s, statistics.median(self.extras)) if self.extras else step_s
 
     def _steps(self, step_s: float) -> int:
-        return max(BLOCK_STEPS, math.ceil(BLOCK_S / max(step_s, 1e-9)))
+        """BLOCK_S of steps, at least BLOCK_STEPS; where the model's last run was short, as
+        many as let a warm-up and a pair cost at most the budget of a run that long (one
+        step at least)."""
+        full = max(BLOCK_STEPS, math.ceil(BLOCK_S / max(step_s, 1e-9)))
+        if self.last_run_s is None:
+            return full
+        cost = max(self._step_cost(step_s), 1e-9)
+        fits = math.floor(budget.SHARE * self.last_run_s / (UNITS_A_RUN * cost))
+        return max(1, min(full, fits))
 
-    def start(self, step_s: float, now: float, waited_s: float, first_step: int) -> None:
-        self.running, self.block, self.steps_per_block = True, 0, self._steps(step_s)
-        self.mode, self.first_step = self.ORDER[0], first_step
+    def start(self, step_s: float, now: float, waited_s: float, first_step: int,
+              blocks: Optional[int] = None) -> None:
+        """Run the next `blocks` blocks (all that are left where None), from the step after
+        `now`."""
+        self.running, self.steps_per_block = True, self._steps(step_s)
+        self._pace = step_s   # the loop's before the unit: fp32's, until a block measures it
+        self._left = blocks or len(self.ORDER) - self._next_block()
+        self.mode = self.ORDER[self._next_block()]
+        self.first_step = self.first_step or first_step
         self._block_start, self._waited, self._done = now, waited_s, 0
 
     def ends_block(self) -> bool:
@@ -328,16 +424,36 @@ class Bf16Trial:
         if self._done < self.steps_per_block:
             return
         per_step = ((now - self._block_start) - (waited_s - self._waited)) / self._done
-        if self.block:
-            self.per_step[self.mode].append(per_step)
-        else:   # the warm-up block is not compared
+        if self.mode == "bf16":
+            self._unit_bf16.append((per_step, self._done))
+        if self.warm_up is None:   # the warm-up block is not compared
             self.warm_up = per_step
-        self.block += 1
-        if self.block == len(self.ORDER):
+        else:
+            self.per_step[self.mode].append(per_step)
+        self._left -= 1
+        if self._left == 0 or self.complete():
             self.running, self.mode = False, "off"
             return
-        self.mode = self.ORDER[self.block]
+        self.mode = self.ORDER[self._next_block()]
         self._block_start, self._waited, self._done = now, waited_s, 0
+
+    def abandon(self, now: float, waited_s: float) -> None:
+        """The loop ended in a block: a bf16 block's steps so far are paid for, nothing of
+        it compared."""
+        if self.running and self.mode == "bf16" and self._done:
+            per_step = ((now - self._block_start) - (waited_s - self._waited)) / self._done
+            self._unit_bf16.append((per_step, self._done))
+        self.running, self.mode = False, "off"
+
+    def take_extra_s(self) -> float:
+        """What the bf16 blocks run since the last call cost beyond fp32's pace (the median
+        fp32 block's, or the loop's before the unit where none has run)."""
+        fp32 = statistics.median(self.per_step["off"]) if self.per_step["off"] else self._pace
+        extras = [(max(t - fp32, 0.0), steps) for t, steps in self._unit_bf16]
+        # a trial's bf16 blocks at most: what the loop costs now, not long ago
+        self.extras = (self.extras + [e for e, _ in extras])[-self.ORDER.count("bf16"):]
+        self._unit_bf16 = []
+        return sum(e * steps for e, steps in extras)
 
     def gain(self) -> float:
         return statistics.median(self.per_step["off"]) / statistics.median(self.per_step["bf16"])
@@ -358,7 +474,34 @@ class Bf16Trial:
     def decisive(self) -> bool:
         return blocks_decisive(self.per_step["off"], self.per_step["bf16"])
 
-    def extra_s(self) -> float:
-        """What the bf16 blocks cost beyond fp32's pace (the warm-up's steps included)."""
-        fp32 = statistics.median(self.per_step["off"])
-        return sum(t - fp32 for t in (self.warm_up, *self.per_step["bf16"])) * self.steps_per_block
+    # -- what is kept for the next run ------------------------------------------------------
+    def pairs(self) -> int:
+        """The pairs measured, earlier runs' included (a half pair is not kept)."""
+        return min(len(self.per_step["off"]), len(self.per_step["bf16"]))
+
+    def runs(self) -> int:
+        """The runs whose blocks are in, this one's where it measured a pair."""
+        return self.runs_before + (self.pairs() > self.pairs_before)
+
+    def kept(self, run_s: float, blocks: bool = True) -> dict:
+        """The pairs so far (none where not `blocks`) and this run's length, for the next
+        run (auto.precision.keep_bf16_blocks's entry)."""
+        pairs = self.pairs() if blocks else 0
+        return {"off": self.per_step["off"][:pairs], "bf16": self.per_step["bf16"][:pairs],
+                "runs": self.runs() if blocks else 0, "run_s": run_s, "extras": self.extras,
+                "load": self.load}
+
+    def standing(self) -> str:
+        """Where the trial stands, in words."""
+        runs = self.runs()
+        return (f"bf16 trial: {2 * self.pairs()} of {len(self.ORDER) - 1} blocks measured over "
+                f"{runs} run{'s' if runs != 1 else ''}")
+
+    def steps_measured(self, last_step: int) -> str:
+        """Which steps the trial measured, in words."""
+        here = f"{self.first_step}-{last_step}"
+        if not self.pairs_before:
+            return here
+        runs = self.runs_before
+        return (f"{here}, and {2 * self.pairs_before} blocks of the {runs} run"
+                f"{'s' if runs != 1 else ''} before")

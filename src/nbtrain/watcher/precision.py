@@ -249,8 +249,9 @@ def amp_choice(requested: str, device: torch.device, optimize: bool, key):
     units = bf16_units(device)
     gain, source = known_bf16_gain(key)
     if gain is None:
-        return TRIAL, (f"{units}: bf16 is measured on your loop's own steps once it has run "
-                       f"long enough for the trial to cost at most {budget.words()} of it; fp32 until then")
+        return TRIAL, (f"{units}: bf16 is measured on your loop's own steps, a pair of blocks "
+                       f"at a time, each once it costs at most {budget.words()} of the time run "
+                       "so far; fp32 until then")
     if amp_for(gain, True, "off") == "bf16":   # a known gain was decisive
         return "bf16", f"{units}; {source} {gain:.2f}x faster than fp32 on this model"
     return "off", (f"{units}, but bf16 {source} {gain:.2f}x of fp32 speed on this "
