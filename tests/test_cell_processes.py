@@ -252,3 +252,46 @@ def test_public_programs_run_verbatim_on_two_processes(program, args, steps, tmp
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert re.search(rf"^state\s+finished$", done.stdout, re.M), done.stdout[-2000:]
     assert re.search(rf"^steps\s+{steps}$", done.stdout, re.M), done.stdout[-2000:]
+
+
+def test_gradient_accumulation_on_two_processes_is_one_process_at_twice_the_batch(ip):
+    """Each micro-batch's gradients are averaged as its backward runs (the average of an
+    average plus the new part is the average of the sum)."""
+    ip.run_cell("torch.manual_seed(3)\nmodel = Net()\n"
+                "opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)\n"
+                "loader = DataLoader(TensorDataset(X, Y), batch_size=8)")
+    cell = ("%%fasttrain --processes 2\n"
+            "for epoch in range(2):\n"
+            "    for i, (x, y) in enumerate(loader):\n"
+            "        (nn.functional.mse_loss(model(x), y) / 2).backward()\n"
+            "        if i % 2 == 1:\n"
+            "            opt.step(); opt.zero_grad()\n")
+    ip.run_cell(cell)
+    assert ip.user_ns["run"].state == "finished", ip.user_ns["run"].error
+    ns = {}
+    exec(SETUP, ns)
+    torch.manual_seed(3)
+    ref = ns["Net"]()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(2):
+        for i, (x, y) in enumerate(DataLoader(TensorDataset(ns["X"], ns["Y"]), batch_size=16)):
+            (nn.functional.mse_loss(ref(x), y) / 2).backward()
+            if i % 2 == 1:
+                opt.step()
+                opt.zero_grad()
+    assert same(ip.user_ns["model"], ref)
+
+
+def test_hand_updates_from_autograd_grad_are_refused_not_trained_apart(ip):
+    ip.run_cell("model = Net()\nloader = DataLoader(TensorDataset(X, Y), batch_size=16)")
+    before = [p.detach().clone() for p in ip.user_ns["model"].parameters()]
+    cell = ("%%fasttrain --processes 2\n"
+            "for x, y in loader:\n"
+            "    grads = torch.autograd.grad(nn.functional.mse_loss(model(x), y), list(model.parameters()))\n"
+            "    with torch.no_grad():\n"
+            "        for p, g in zip(model.parameters(), grads):\n"
+            "            p -= 0.1 * g\n")
+    ip.run_cell(cell)
+    run = ip.user_ns["run"]
+    assert run.state == "failed" and "torch.autograd.grad" in str(run.error)
+    assert all(torch.equal(a, b) for a, b in zip(before, ip.user_ns["model"].parameters()))

@@ -301,7 +301,7 @@ class Watcher:
 
     # -- backward: the loss, one micro-batch ------------------------------------------------
     def _wrap_backward(self, original):
-        watcher, edge, steps, measure = self, self.edge, self.steps, self.measure
+        watcher, edge, steps, ranks = self, self.edge, self.steps, self.ranks
         scaled = self.precision.scaled_for_backward
 
         @functools.wraps(original)
@@ -319,6 +319,8 @@ class Watcher:
                 watcher._on_backward(loss)
             # a closure's backward (LBFGS) runs inside the step: there is no unscale after it
             result = original(tensors if steps.in_step else scaled(tensors), *args, **kwargs)
+            if ranks is not None:
+                ranks.backward_done()
             if steps.hand is not None:
                 watcher._after_hand_backward()
             return result
@@ -340,6 +342,8 @@ class Watcher:
             loss = _loss_of(outputs)
             if loss is None or _transformed(loss):
                 return original(outputs, *args, **kwargs)
+            if watcher.ranks is not None:
+                watcher.ranks.refuse_hand_gradients()
             watcher._on_backward(loss)
             result = original(outputs, *args, **kwargs)
             if watcher.steps.hand is not None:

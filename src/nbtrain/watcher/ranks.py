@@ -6,12 +6,18 @@ data-parallel from outside.
   to the same length on every rank and batched as the loader batches; so the ranks' k-th
   batches together are the k-th batch of world x the batch size;
 - the model's parameters and buffers start as rank 0's (broadcast at its first forward);
-- before each optimizer step, the gradients of its parameters are averaged over the ranks
-  (one all_reduce of them flattened together: with the loss a mean over the batch, the
-  update is the one of the whole global batch).
+- the gradients are averaged over the ranks while the backward runs: as each parameter's
+  gradient is accumulated (a post-accumulate-grad hook, as DDP's reducer hooks in), an
+  asynchronous all_reduce of it starts; the backward's end waits for them and divides by
+  the ranks. With the loss a mean over the batch, the update is that of the whole global
+  batch; with gradient accumulation each micro-batch's share is averaged in turn (the
+  average of an average plus the new part is the average of the sum). Gradients no
+  backward of the model made (another model's, set by hand) are averaged in one
+  all_reduce before the optimizer's step.
 
-A loop whose training data comes from no DataLoader cannot be split: its first step raises
-NotDataParallel on every rank alike, before any update.
+A loop whose training data comes from no DataLoader cannot be split, nor can hand updates
+from torch.autograd.grad be averaged: the first such step raises NotDataParallel on every
+rank alike, before any update.
 """
 from __future__ import annotations
 
@@ -32,7 +38,9 @@ class Ranks:
 
     def __init__(self, edge, loader, rank: int, world: int):
         self.edge, self.loader, self.rank, self.world = edge, loader, rank, world
-        self._synced = set()   # ids of the models whose weights were broadcast
+        self._synced = set()    # ids of the models whose weights were broadcast
+        self._works = []        # (gradient, its all_reduce in flight) of this backward
+        self._averaged = set()  # ids of the parameters whose gradient is averaged
 
     def install(self) -> None:
         self.edge.patches.keep(register_optimizer_step_pre_hook(self._average).remove)
@@ -48,6 +56,33 @@ class Ranks:
         with torch.no_grad():
             for tensor in [*model.parameters(), *model.buffers()]:
                 dist.broadcast(tensor.data, src=0)
+        for param in model.parameters():
+            if param.requires_grad:
+                self.edge.patches.keep(
+                    param.register_post_accumulate_grad_hook(self._reduce).remove)
+        self.edge.patches.keep(self.backward_done)   # nothing left in flight at the end
+
+    # -- the gradients: averaged as the backward runs ----------------------------------------
+    def _reduce(self, param: torch.Tensor) -> None:
+        if not self.edge.inside:
+            self._works.append((param.grad, dist.all_reduce(param.grad, async_op=True)))
+            self._averaged.add(id(param))
+
+    def backward_done(self) -> None:
+        """The backward's end: its all_reduces done, each gradient the ranks' average."""
+        for grad, work in self._works:
+            work.wait()
+            grad.div_(self.world)
+        self._works.clear()
+
+    def refuse_hand_gradients(self) -> None:
+        """torch.autograd.grad's gradients go to the loop, not to the parameters: nbtrain
+        cannot average them."""
+        raise NotDataParallel(
+            f"--processes {self.world}: your loop updates its weights from "
+            "torch.autograd.grad's gradients, which nbtrain cannot average over the "
+            "processes (each would train on its own). Use loss.backward() and an optimizer, "
+            "or run the cell in one process.")
 
     # -- the data: this rank's shard --------------------------------------------------------
     def shard(self, loader: DataLoader):
@@ -91,11 +126,12 @@ class Ranks:
                 "DataLoader, so nbtrain cannot give each process its share; it would train "
                 f"the same samples {self.world} times. Iterate a DataLoader in the loop, or "
                 "run the cell in one process.")
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"]
-                 if p.grad is not None]
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        grads = [p.grad for p in params if p.grad is not None and id(p) not in self._averaged]
+        self._averaged.difference_update(id(p) for p in params)
         if not grads:
             return
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        flat = torch.cat([g.reshape(-1) for g in grads])   # the rest, in one all_reduce
         dist.all_reduce(flat)
         flat /= self.world
         offset = 0
