@@ -35,7 +35,7 @@ from .edge import Edge, StopWatching
 from .loader import Loader, batch_dim_of, samples_in
 from .measure import Measure
 from .precision import TRIAL, Precision
-from .ranks import Ranks
+from .ranks import DataParallel
 from .records import Records
 from .settings import AS_WRITTEN
 from .steps import Steps
@@ -60,7 +60,7 @@ class Watcher:
         self.records = Records(edge, self.loader, record_floor_s)
         self.steps = Steps(edge, self.precision, self.records, self.measure,
                            first_sign=self._first_sign)
-        self.ranks = None if ranks is None else Ranks(edge, self.loader, *ranks)
+        self.ranks = None if ranks is None else DataParallel(edge, self.loader, *ranks)
         self.loader.ranks = self.ranks
         self._depth = 0                 # module calls in progress, until the model is found
         self._forward_hooks = []        # the global forward hooks' handles, while needed
@@ -98,9 +98,9 @@ class Watcher:
             torch.set_num_threads(threads)
             patches.keep(lambda: torch.set_num_threads(before))
             self.run.resolved["num_threads"] = (threads, "asked for (for the watch only)")
+        if self.ranks is not None:   # its step hook first: the gradients averaged, then
+            self.ranks.install()     # an fp16 step's unscale and inf check
         self.steps.install()
-        if self.ranks is not None:   # after the steps' hooks: an fp16 step unscales first
-            self.ranks.install()
         self._add_forward_hooks()
         patches.keep(self._remove_forward_hooks)
         self._watch_compiled_calls()
@@ -311,8 +311,7 @@ class Watcher:
             if isinstance(tensors, torch.Tensor):
                 watcher._on_backward(tensors)
             else:
-                if not isinstance(tensors, (list, tuple)):
-                    tensors = tuple(tensors)   # an iterable is read once, here
+                tensors = _read_once(tensors)
                 loss = _loss_of(tensors)
                 if loss is None:
                     return original(tensors, *args, **kwargs)
@@ -328,28 +327,36 @@ class Watcher:
 
     def _wrap_grad(self, original):
         """torch.autograd.grad: a backward of the loop's when its gradients are an update's
-        (a hand update, a meta-learning step), not a graph of their own (create_graph: an
-        inner step, a gradient penalty) nor inside torch.func's transforms."""
+        (a hand update, a meta-learning step): taken with respect to parameters, not an
+        input (an adversarial example, a saliency map, a Jacobian), and not a graph of
+        their own (create_graph: an inner step, a gradient penalty) nor inside
+        torch.func's transforms."""
         watcher, edge = self, self.edge
 
         @functools.wraps(original)
-        def grad(outputs, *args, **kwargs):
+        def grad(outputs, inputs=None, *args, **kwargs):
             if edge.inside or _current_node() is not None or \
-                    kwargs.get("create_graph", args[3] if len(args) > 3 else False):
-                return original(outputs, *args, **kwargs)
-            if not isinstance(outputs, (torch.Tensor, list, tuple)):
-                outputs = tuple(outputs)   # an iterable is read once, here
+                    kwargs.get("create_graph", args[2] if len(args) > 2 else False):
+                return original(outputs, inputs, *args, **kwargs)
+            outputs, inputs = _read_once(outputs), _read_once(inputs)
             loss = _loss_of(outputs)
-            if loss is None or _transformed(loss):
-                return original(outputs, *args, **kwargs)
+            if loss is None or _transformed(loss) or not watcher._of_weights(inputs):
+                return original(outputs, inputs, *args, **kwargs)
             if watcher.ranks is not None:
                 watcher.ranks.refuse_hand_gradients()
             watcher._on_backward(loss)
-            result = original(outputs, *args, **kwargs)
+            result = original(outputs, inputs, *args, **kwargs)
             if watcher.steps.hand is not None:
                 watcher._after_hand_backward()
             return result
         return grad
+
+    def _of_weights(self, inputs) -> bool:
+        """Whether autograd.grad's inputs are weights: an nn.Parameter among them, or, with
+        no model found, any tensor (a network that is a list of tensors)."""
+        tensors = [inputs] if isinstance(inputs, torch.Tensor) else inputs or ()
+        return self.edge.model is None or \
+            any(isinstance(t, torch.nn.Parameter) for t in tensors)
 
     def _on_backward(self, loss: torch.Tensor) -> None:
         edge, steps = self.edge, self.steps
@@ -432,6 +439,13 @@ class Watcher:
         if self.loader.training is not None:
             seen = f"batches of a DataLoader; {seen}"
         return f"nt.watch saw no training step: {seen}"
+
+
+def _read_once(value):
+    """A generator of tensors (model.parameters()) as a tuple, read once, here."""
+    if value is None or isinstance(value, (torch.Tensor, list, tuple)):
+        return value
+    return tuple(value)
 
 
 def _loss_of(tensors):

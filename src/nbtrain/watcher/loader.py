@@ -55,7 +55,7 @@ class Loader:
         self._worker_trial = None       # (workers, the epoch before's per batch) while tried
         self._other_samples = 0         # the last batch of another loader, until the first backward
         self._pass_started_at = 0       # the Run's step as the training loader's pass began
-        self.ranks = None               # ranks.Ranks: one rank of N, the training loader sharded
+        self.ranks = None               # ranks.DataParallel: one rank of N, its loader sharded
         self._shadows = weakref.WeakKeyDictionary()           # your loader -> one with workers
         self._shadow_iterators = weakref.WeakKeyDictionary()  # your loader -> that one's iterator
 
@@ -78,7 +78,7 @@ class Loader:
         edge, copies, measure = self.edge, self.copies, self.measure
         training = self.training() is loader
         with workers_collect_none_of_ours():   # iter() forks the workers
-            batches = self.ranks.shard(loader) if training and self.ranks is not None \
+            batches = self.ranks.shard(loader) if self._sharded(loader, training) \
                 else iter(self._source(loader, original))
         if training and copies.ahead is not None:
             batches = copies.copied_ahead(batches)
@@ -118,6 +118,13 @@ class Loader:
             elif not edge.trained:   # another loader's batch may be the first one trained on
                 self._other_samples = _batch_samples(batch)
             yield batch
+
+    def _sharded(self, loader, training: bool) -> bool:
+        """One rank of N: the training loader's passes are split, and, until the loop has
+        trained, any pass under gradients (the first one trained on may come after an
+        evaluation's, which runs under no_grad and on every sample)."""
+        return self.ranks is not None and (
+            training or (not self.edge.trained and torch.is_grad_enabled()))
 
     def _source(self, loader, original):
         """Where this pass's batches come from: one index op per batch, the loader's

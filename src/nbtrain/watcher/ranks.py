@@ -6,18 +6,20 @@ data-parallel from outside.
   to the same length on every rank and batched as the loader batches; so the ranks' k-th
   batches together are the k-th batch of world x the batch size;
 - the model's parameters and buffers start as rank 0's (broadcast at its first forward);
-- the gradients are averaged over the ranks while the backward runs: as each parameter's
-  gradient is accumulated (a post-accumulate-grad hook, as DDP's reducer hooks in), an
-  asynchronous all_reduce of it starts; the backward's end waits for them and divides by
-  the ranks. With the loss a mean over the batch, the update is that of the whole global
-  batch; with gradient accumulation each micro-batch's share is averaged in turn (the
-  average of an average plus the new part is the average of the sum). Gradients no
-  backward of the model made (another model's, set by hand) are averaged in one
-  all_reduce before the optimizer's step.
+- at each backward's end, the model's gradients are averaged over the ranks in one
+  all_reduce of them all, in the model's order (a parameter without a gradient on a rank
+  counts as zeros there, and stays without one where no rank has one, as DDP's
+  find_unused_parameters); with the loss a mean over the batch, the update is that of the
+  whole global batch. With gradient accumulation each micro-batch's share is averaged in
+  turn (the average of an average plus the new part is the average of the sum); a
+  closure's evaluations (LBFGS) and hand updates after backward() see averaged gradients.
+  Gradients no backward of the model made (another model's, set by hand) are averaged
+  the same way before the optimizer's step, ahead of an fp16 step's inf check, so every
+  rank skips the same steps.
 
 A loop whose training data comes from no DataLoader cannot be split, nor can hand updates
-from torch.autograd.grad be averaged: the first such step raises NotDataParallel on every
-rank alike, before any update.
+from torch.autograd.grad be averaged, nor a sampler without a length be cut to equal
+shards: the first such step raises NotDataParallel on every rank alike, before any update.
 """
 from __future__ import annotations
 
@@ -26,54 +28,57 @@ import itertools
 import torch
 import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_pre_hook
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 
 class NotDataParallel(RuntimeError):
     """The loop cannot be made data-parallel as written."""
 
 
-class Ranks:
+class DataParallel:
     """The watch's part that makes the loop data-parallel over `world` ranks."""
 
     def __init__(self, edge, loader, rank: int, world: int):
         self.edge, self.loader, self.rank, self.world = edge, loader, rank, world
-        self._synced = set()    # ids of the models whose weights were broadcast
-        self._works = []        # (gradient, its all_reduce in flight) of this backward
-        self._averaged = set()  # ids of the parameters whose gradient is averaged
+        self._params = []       # the model's trainable parameters: averaged at each backward
+        self._averaged = set()  # ids of the parameters averaged since their optimizer's step
 
     def install(self) -> None:
-        self.edge.patches.keep(register_optimizer_step_pre_hook(self._average).remove)
+        """Before the steps part's hooks: the rest of a step's gradients are averaged
+        before an fp16 step unscales them and checks them for inf."""
+        self.edge.patches.keep(register_optimizer_step_pre_hook(self._average_rest).remove)
         self.edge.run.resolved["processes"] = (self.world, (
             f"rank {self.rank} of {self.world}: each rank's DataLoader yields its shard of "
-            "every epoch; gradients averaged over the ranks before each optimizer step"))
+            "every epoch; gradients averaged over the ranks at each backward's end"))
 
     # -- the model: rank 0's weights on every rank ------------------------------------------
     def found_model(self, model: torch.nn.Module) -> None:
-        if id(model) in self._synced:
-            return
-        self._synced.add(id(model))
         with torch.no_grad():
             for tensor in [*model.parameters(), *model.buffers()]:
                 dist.broadcast(tensor.data, src=0)
-        for param in model.parameters():
-            if param.requires_grad:
-                self.edge.patches.keep(
-                    param.register_post_accumulate_grad_hook(self._reduce).remove)
-        self.edge.patches.keep(self.backward_done)   # nothing left in flight at the end
+        self._params = [p for p in model.parameters() if p.requires_grad]
 
-    # -- the gradients: averaged as the backward runs ----------------------------------------
-    def _reduce(self, param: torch.Tensor) -> None:
-        if not self.edge.inside:
-            self._works.append((param.grad, dist.all_reduce(param.grad, async_op=True)))
-            self._averaged.add(id(param))
-
+    # -- the gradients ----------------------------------------------------------------------
     def backward_done(self) -> None:
-        """The backward's end: its all_reduces done, each gradient the ranks' average."""
-        for grad, work in self._works:
-            work.wait()
-            grad.div_(self.world)
-        self._works.clear()
+        """The backward's end: the model's gradients, the ranks' average."""
+        if self._params:
+            _average(self._params, self.world)
+            self._averaged.update(map(id, self._params))
+
+    def _average_rest(self, optimizer, args, kwargs) -> None:
+        if self.edge.inside:
+            return
+        if self.loader.training is None:
+            raise NotDataParallel(
+                f"--processes {self.world}: your loop trains on data that comes from no "
+                "DataLoader, so nbtrain cannot give each process its share; it would train "
+                f"the same samples {self.world} times. Iterate a DataLoader in the loop, or "
+                "run the cell in one process.")
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        rest = [p for p in params if id(p) not in self._averaged]
+        self._averaged.difference_update(map(id, params))
+        if rest:
+            _average(rest, self.world)
 
     def refuse_hand_gradients(self) -> None:
         """torch.autograd.grad's gradients go to the loop, not to the parameters: nbtrain
@@ -87,11 +92,15 @@ class Ranks:
     # -- the data: this rank's shard --------------------------------------------------------
     def shard(self, loader: DataLoader):
         """The loader's batches of this rank's samples for one epoch, from a loader like it."""
-        if loader.batch_sampler is None or isinstance(loader.dataset, torch.utils.data.IterableDataset):
+        sampler = loader.sampler
+        if loader.batch_size is None or isinstance(loader.dataset, IterableDataset) or \
+                not hasattr(sampler, "__len__"):
             raise NotDataParallel(
-                f"--processes {self.world}: your DataLoader has no sampler to split (an "
-                "IterableDataset, or batch_size=None); give it a map-style dataset and a "
-                "batch_size, or run the cell in one process.")
+                f"--processes {self.world}: your DataLoader has no sampler nbtrain can split "
+                "into equal shares (an IterableDataset, a batch_sampler of its own, "
+                "batch_size=None, or a sampler without a length); give it a map-style "
+                "dataset, a batch_size and a sampler with a length, or run the cell in one "
+                "process.")
         batches = _batched(self._my_indices(loader.sampler), loader.batch_size,
                            loader.drop_last)
         shard = DataLoader(loader.dataset, batch_sampler=batches,
@@ -107,38 +116,10 @@ class Ranks:
 
     def _my_indices(self, sampler):
         """Every world-th index of the epoch's order from this rank's own, drawn as the
-        loader draws it; cut to the same count on every rank where the sampler has a
-        length (an endless one, minGPT's RandomSampler of 1e10 samples, is read lazily)."""
-        try:
-            end = len(sampler) // self.world * self.world
-        except TypeError:
-            end = None
+        loader draws it, cut to the same count on every rank; read lazily (an endless
+        sampler, minGPT's RandomSampler of 1e10 samples)."""
+        end = len(sampler) // self.world * self.world
         return itertools.islice(iter(sampler), self.rank, end, self.world)
-
-    # -- the update: gradients averaged ------------------------------------------------------
-    def _average(self, optimizer, args, kwargs) -> None:
-        edge = self.edge
-        if edge.inside:
-            return
-        if self.loader.training is None:
-            raise NotDataParallel(
-                f"--processes {self.world}: your loop trains on data that comes from no "
-                "DataLoader, so nbtrain cannot give each process its share; it would train "
-                f"the same samples {self.world} times. Iterate a DataLoader in the loop, or "
-                "run the cell in one process.")
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        grads = [p.grad for p in params if p.grad is not None and id(p) not in self._averaged]
-        self._averaged.difference_update(id(p) for p in params)
-        if not grads:
-            return
-        flat = torch.cat([g.reshape(-1) for g in grads])   # the rest, in one all_reduce
-        dist.all_reduce(flat)
-        flat /= self.world
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
-
 
 def _batched(indices, batch_size: int, drop_last: bool):
     """Batches of `indices` as they come (an endless sampler's too)."""
@@ -150,3 +131,24 @@ def _batched(indices, batch_size: int, drop_last: bool):
             batch = []
     if batch and not drop_last:
         yield batch
+
+
+def _average(params: list, world: int) -> None:
+    """The params' gradients, the ranks' average, in one all_reduce (in float32); a rank
+    without a gradient adds zeros. Where this rank had none, whether any rank had one is
+    read back (a sync, on this rare path only)."""
+    device = params[0].device
+    missing = [p.grad is None for p in params]
+    has = torch.tensor([0.0 if m else 1.0 for m in missing], device=device)
+    flat = torch.cat([has, *[(torch.zeros_like(p) if m else p.grad).reshape(-1).float()
+                             for p, m in zip(params, missing)]])
+    dist.all_reduce(flat)
+    counts = flat[:len(params)].tolist() if any(missing) else None
+    offset = len(params)
+    for i, p in enumerate(params):
+        part = flat[offset:offset + p.numel()].view_as(p).div_(world)
+        offset += p.numel()
+        if not missing[i]:
+            p.grad.copy_(part)
+        elif counts[i]:
+            p.grad = part.to(p.dtype)
