@@ -66,8 +66,10 @@ def resolve_copies(pin_memory, prefetch, log: Optional[MoveLog], loader_pins: bo
     target = log.target() if log is not None else None
     pinned = loader_pins or (pin_memory is not False and can_pin)
     why_pageable = ("pin_memory=False" if pin_memory is False else
-                    "your loader's batches are of a type of their own, which the watch cannot "
-                    "pin (DataLoader(pin_memory=True) can)")
+                    "with pin_memory='auto' the watch pins only the rows its batched fetch "
+                    "writes (pinning in the loop's thread costs more than a copy ahead "
+                    "saves), and batches of a type of their own never; "
+                    "DataLoader(pin_memory=True) pins in a thread of its own")
     if prefetch is False:
         ahead = False, "asked for"
     elif target is None:

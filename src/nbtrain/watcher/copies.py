@@ -51,9 +51,13 @@ class Copies:
             return batches
         log, self._moves, self.pending = self._moves, None, False
         cfg, resolved = self.edge.run.config, self.edge.run.resolved
+        # Tensor.pin_memory() in the loop's thread is a blocking host copy on the step's
+        # path (PyTorch's pin_memory/non_blocking guide): "auto" pins only where it is free,
+        # in the rows the batched fetch writes; a per-sample loader's batches are pinned
+        # only when asked
+        can_pin = batched or (cfg.pin_memory is True and plain(batch))
         (pin, why_pin), (ahead, why_ahead) = resolve_copies(
-            cfg.pin_memory, cfg.prefetch_to_device, log, loader.pin_memory,
-            can_pin=batched or plain(batch))
+            cfg.pin_memory, cfg.prefetch_to_device, log, loader.pin_memory, can_pin=can_pin)
         resolved["pin_memory"], resolved["prefetch_to_device"] = (pin, why_pin), (ahead, why_ahead)
         if not ahead:
             self.none(why_ahead)
