@@ -295,3 +295,53 @@ def test_hand_updates_from_autograd_grad_are_refused_not_trained_apart(ip):
     run = ip.user_ns["run"]
     assert run.state == "failed" and "torch.autograd.grad" in str(run.error)
     assert all(torch.equal(a, b) for a, b in zip(before, ip.user_ns["model"].parameters()))
+
+
+def test_a_branch_that_leaves_a_gradient_none_on_one_rank_keeps_the_ranks_in_step(ip):
+    """Rank 1's batches never reach the second head: its gradient is None there, zeros in
+    the average; the collectives still match and both ranks end with the same weights."""
+    ip.run_cell(
+        "class Two(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(); self.a, self.b = nn.Linear(6, 1), nn.Linear(6, 1)\n"
+        "    def forward(self, x):\n"
+        "        return self.b(x) if __import__('os').environ['RANK'] == '0' else self.a(x)\n"
+        "model = Two(); opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = DataLoader(TensorDataset(X, Y), batch_size=16)")
+    cell = ("%%fasttrain --processes 2\n"
+            "for x, y in loader:\n"
+            "    opt.zero_grad(); nn.functional.mse_loss(model(x), y).backward(); opt.step()\n")
+    ip.run_cell(cell)
+    run = ip.user_ns["run"]
+    assert run.state == "finished", run.error
+    assert run.step == 256 // 32
+
+
+def test_an_evaluation_before_training_is_not_split_and_the_first_epoch_is(ip):
+    ip.run_cell("torch.manual_seed(3)\nmodel = Net()\n"
+                "opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)\n"
+                "loader = DataLoader(TensorDataset(X, Y), batch_size=16)\n"
+                "val = DataLoader(TensorDataset(X[:32], Y[:32]), batch_size=8)")
+    cell = ("%%fasttrain --processes 2\n"
+            "seen = []\n"
+            "for epoch in range(2):\n"
+            "    with torch.no_grad():\n"
+            "        seen.append(sum(len(x) for x, _ in val))\n"
+            "    for x, y in loader:\n"
+            "        opt.zero_grad()\n"
+            "        nn.functional.mse_loss(model(x), y).backward()\n"
+            "        opt.step()\n")
+    ip.run_cell(cell)
+    assert ip.user_ns["run"].state == "finished", ip.user_ns["run"].error
+    assert ip.user_ns["seen"] == [32, 32]   # every rank evaluates every sample
+    assert same(ip.user_ns["model"], one_process(batch=32))
+
+
+def test_a_script_that_ends_with_sys_exit_0_finished(tmp_path):
+    import subprocess
+    import sys
+    (tmp_path / "train.py").write_text(SCRIPT.format(batch=16) + "\nimport sys\nsys.exit(0)\n")
+    done = subprocess.run([sys.executable, "-m", "nbtrain", "run", "--processes", "2",
+                           "train.py", "--out", "two.pt"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

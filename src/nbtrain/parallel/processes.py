@@ -228,10 +228,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def supervise(run: Run, ranks: Ranks, finish=None) -> None:
+def supervise(run: Run, ranks: Ranks, load_state=None) -> None:
     """Read the ranks' messages into the Run until every rank has ended or one failed;
-    relay Stop; leave no process behind; then finish the Run as the loop would
-    (`finish(run, ends, failure, position, elapsed_s)`: _finish, or a cell's)."""
+    relay Stop; leave no process behind; then finish the Run as the loop would.
+    `load_state(run, blob) -> rng`: rank 0's end state into the notebook (_load_state's
+    default: fit's model, optimizer, schedule and loss scale; a cell's: its results)."""
     start, heard = time.perf_counter(), time.monotonic()
     merger, ends, failure = RecordMerger(ranks.world), {}, None
     position = run.position   # _follow moves the Run while they train
@@ -262,7 +263,8 @@ def supervise(run: Run, ranks: Ranks, finish=None) -> None:
                           "interrupted": True})
     finally:
         ranks.end(patience_s=30 if failure is None else 0)
-    (finish or _finish)(run, ends, failure, position, elapsed_s=time.perf_counter() - start)
+    _finish(run, ends, failure, position, elapsed_s=time.perf_counter() - start,
+            load_state=load_state or (lambda run_, blob: _load_state(run_, unpack(blob))))
 
 
 class _Relay:
@@ -340,7 +342,8 @@ def _take_ready(run: Run, body: dict) -> None:
     run.equip(total_steps=body["total_steps"])
 
 
-def _finish(run: Run, ends: dict, failure, position: tuple, elapsed_s: float) -> None:
+def _finish(run: Run, ends: dict, failure, position: tuple, elapsed_s: float,
+            load_state) -> None:
     """End the notebook's Run as the loop ends its own: rank 0's weights, optimizer state,
     position and RNG in the Run; the error of a failed rank, naming it. Without rank 0's
     state the Run keeps what it had before, its `position` too, so a resume repeats
@@ -353,7 +356,7 @@ def _finish(run: Run, ends: dict, failure, position: tuple, elapsed_s: float) ->
         rank, body = failure
         state = "interrupted" if body.get("interrupted") else "failed"
         if state == "failed":
-            error = failure_error(run, rank, body)
+            error = _failure_error(run, rank, body)
     elif split:
         state = "failed"
         error = TrainingError("the ranks ended at different steps ("
@@ -362,7 +365,7 @@ def _finish(run: Run, ends: dict, failure, position: tuple, elapsed_s: float) ->
                               "left as it was before this run", run)
     else:
         first = ends[0]
-        rng = _load_state(run, unpack(first["blob"]))
+        rng = load_state(run, first["blob"])
         message = next((e["message"] for e in ends.values() if e["message"]), "")
         if any(e["diverged"] for e in ends.values()):
             run.diverge(message)
@@ -371,7 +374,7 @@ def _finish(run: Run, ends: dict, failure, position: tuple, elapsed_s: float) ->
                elapsed_s=elapsed_s, error=error, message=message)
 
 
-def failure_error(run: Run, rank, body: dict) -> BaseException:
+def _failure_error(run: Run, rank, body: dict) -> BaseException:
     lost_peer = any(word in body["text"] for word in _PEER_LOST)   # the news is the other rank
     if body.get("before_start") and body.get("exception") is not None and not lost_peer:
         try:   # a bad setting found while preparing: the error one process would raise

@@ -14,6 +14,7 @@ import ast
 import builtins
 import os
 import signal
+import sys
 import traceback
 from collections import defaultdict
 from datetime import timedelta
@@ -26,7 +27,6 @@ from ..entry import attach_hooks, keep, remember, watch, watch_config
 from ..parallel.processes import (
     RANK_TIMEOUT_S,
     Ranks,
-    failure_error,
     nbtrain_environment,
     supervise,
 )
@@ -58,7 +58,7 @@ def train_cell(cell: str, ns: dict, world: int, settings: dict, progress=False,
     payload = dict(cell=cell, namespace=pack(namespace), settings=settings, script=script,
                    timeout_s=RANK_TIMEOUT_S, env=nbtrain_environment())
     ranks = Ranks(world, payload, target=cell_rank_main)
-    supervise(run, ranks, finish=lambda *args, **kw: _finish_cell(ns, *args, **kw))
+    supervise(run, ranks, load_state=lambda run, blob: _take_results(ns, run, blob))
     return run
 
 
@@ -116,7 +116,7 @@ def _run_cell_rank(rank: int, world: int, port: int, blob: bytes, messages, requ
         cuda = torch.cuda.is_available() and torch.cuda.device_count() >= world
         if cuda:
             torch.cuda.set_device(rank)
-        backend = "nccl" if cuda else "gloo"
+        backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"   # a cell may train on the CPU
         timeout = timedelta(seconds=payload["timeout_s"])
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world, timeout=timeout)
@@ -131,12 +131,23 @@ def _run_cell_rank(rank: int, world: int, port: int, blob: bytes, messages, requ
         watched = watch(progress=False, _rank=(rank, world, make_run), **payload["settings"])
         watched.warns_untrained = False   # a cell for fit: the notebook runs it next
         with watched as run:
-            exec(compile(payload["cell"], source, "exec"), ns)
-        messages.put(("end", rank, _end_report(run, rank, ns, given)))
+            _run_source(payload["cell"], source, ns)
+        if isinstance(sys.stdout, _Marked):
+            sys.stdout.close_line()
+        messages.put(("end", rank, _end_report(run, rank, ns, given, payload["script"])))
         dist.destroy_process_group()
     except BaseException as exc:
         messages.put(("failed", rank, {"text": "".join(traceback.format_exception(exc)).rstrip(),
                                        "exception": None}))
+
+
+def _run_source(code: str, filename: str, ns: dict) -> None:
+    """exec, where a script's sys.exit(0) (or exit()) is the end it is for python."""
+    try:
+        exec(compile(code, filename, "exec"), ns)
+    except SystemExit as done:
+        if done.code not in (None, 0):
+            raise
 
 
 def _as_script(script, ns: dict, rank: int) -> str:
@@ -146,7 +157,6 @@ def _as_script(script, ns: dict, rank: int) -> str:
     Returns the file name its tracebacks show."""
     if script is None:
         return "<cell>"
-    import sys
     sys.argv = list(script["argv"])
     sys.path.insert(0, os.path.dirname(script["path"]))
     ns["__file__"] = script["path"]
@@ -173,15 +183,24 @@ class _Marked:
     def flush(self) -> None:
         self.stream.flush()
 
+    def close_line(self) -> None:
+        """A last line without its newline, written at the end."""
+        if self.pending:
+            self.write("\n")
 
-def _end_report(run, rank: int, ns: dict, given: dict) -> dict:
+    def __getattr__(self, name: str):   # isatty, encoding, fileno: the stream's own
+        return getattr(self.stream, name)
+
+
+def _end_report(run, rank: int, ns: dict, given: dict, script) -> dict:
     """What rank 0 sends back: the names the cell bound, and the models and optimizers it
     was given (trained in place); the other ranks send their step only."""
     report = {"step": run.step, "state": run.state, "message": run.message or "",
               "diverged": False, "blob": None}
-    if rank == 0:
-        report["blob"] = pack({"results": _results(ns, given), "position": run.position,
-                               "rng": ckpt.rng_state()})
+    if rank == 0:   # a script's results have no notebook to go to
+        results = {} if script else _results(ns, given)
+        report["blob"] = pack({"results": results, "given": sorted(given),
+                               "position": run.position, "rng": ckpt.rng_state()})
     return report
 
 
@@ -207,24 +226,17 @@ _MISSING = object()
 
 
 # -- the notebook's side, at the end --------------------------------------------------------------
-def _finish_cell(ns: dict, run: Run, ends: dict, failure, position, elapsed_s: float) -> None:
-    """The cell's results into the notebook (rank 0's); the Run ended as the ranks did."""
-    error, state, message = None, None, ""
-    if failure is not None:
-        rank, body = failure
-        state = "interrupted" if body.get("interrupted") else "failed"
-        if state == "failed":
-            error = failure_error(run, rank, body)
-    else:
-        first = ends[0]
-        back = unpack_on_gpu(first["blob"])
-        take_back(ns, back["results"])
-        run.move_to(**{k: v for k, v in zip(("step", "epoch", "batch_in_epoch"),
-                                            back["position"])})
-        message = first["message"]
-        state = "interrupted" if run.interrupted else first["state"]
-    run.finish(state, read_rng=ckpt.rng_state, elapsed_s=elapsed_s, error=error,
-               message=message)
+def _take_results(ns: dict, run: Run, blob: bytes) -> dict:
+    """Rank 0's results into the notebook and its position into the Run; its RNG state.
+    Results that cannot be taken back (a model of another shape under the same name) are
+    said in the Run's resolved settings, and the Run still ends."""
+    back = unpack_on_gpu(blob)
+    try:
+        take_back(ns, back["results"], back["given"])
+    except Exception as exc:
+        run.resolved["results"] = (None, f"not all taken back: {type(exc).__name__}: {exc}")
+    run.move_to(*back["position"])
+    return back["rng"]
 
 
 def unpack_on_gpu(blob: bytes):
@@ -238,19 +250,19 @@ def unpack_on_gpu(blob: bytes):
     return torch.load(io.BytesIO(blob), map_location=place, weights_only=False)
 
 
-def take_back(ns: dict, results: dict) -> None:
-    """Rank 0's objects into the notebook: a model or optimizer the notebook holds under
-    the same name takes the trained state into itself (the notebook's object stays the
-    one it holds); any other name is set. An optimizer that came back over a model the
-    notebook holds is pointed at that model's own parameters."""
+def take_back(ns: dict, results: dict, given=()) -> None:
+    """Rank 0's objects into the notebook: a model or optimizer the cell was given
+    (`given`: its names) takes the trained state into the notebook's own object; any
+    other name is set. An optimizer that came back over a model the notebook holds is
+    pointed at that model's own parameters."""
     params = {}   # id of a parameter that came back -> the notebook's own
     for name, value in results.items():
-        mine = ns.get(name)
+        mine = ns.get(name) if name in given else None
         if isinstance(value, torch.nn.Module) and type(mine) is type(value):
             mine.load_state_dict(value.state_dict())
             params.update((id(a), b) for a, b in zip(value.parameters(), mine.parameters()))
     for name, value in results.items():
-        mine = ns.get(name)
+        mine = ns.get(name) if name in given else None
         if isinstance(value, torch.optim.Optimizer):
             _point_at(value, params)
             if type(mine) is type(value):

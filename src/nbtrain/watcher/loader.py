@@ -120,11 +120,11 @@ class Loader:
             yield batch
 
     def _sharded(self, loader, training: bool) -> bool:
-        """One rank of N: the training loader's passes are split, and, until the loop has
-        trained, any pass under gradients (the first one trained on may come after an
-        evaluation's, which runs under no_grad and on every sample)."""
-        return self.ranks is not None and (
-            training or (not self.edge.trained and torch.is_grad_enabled()))
+        """One rank of N: the passes that may train are split: the training loader's,
+        and, until the loop has trained, any other; never one under no_grad (an
+        evaluation, on every sample on every rank)."""
+        return self.ranks is not None and torch.is_grad_enabled() and (
+            training or not self.edge.trained)
 
     def _source(self, loader, original):
         """Where this pass's batches come from: one index op per batch, the loader's
