@@ -56,18 +56,19 @@ def ip():
     assert own_children() <= before   # no rank left behind
 
 
-def one_process(batch: int) -> nn.Module:
-    """The same loop in this process, at `batch`."""
+def one_process(batch: int, accumulate: int = 1) -> nn.Module:
+    """The same loop in this process, at `batch`, stepping every `accumulate` batches."""
     ns = {}
     exec(SETUP, ns)
     torch.manual_seed(3)
     model = ns["Net"]()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     for _ in range(2):
-        for x, y in DataLoader(TensorDataset(ns["X"], ns["Y"]), batch_size=batch):
-            opt.zero_grad()
-            nn.functional.mse_loss(model(x), y).backward()
-            opt.step()
+        for i, (x, y) in enumerate(DataLoader(TensorDataset(ns["X"], ns["Y"]), batch_size=batch)):
+            (nn.functional.mse_loss(model(x), y) / accumulate).backward()
+            if (i + 1) % accumulate == 0:
+                opt.step()
+                opt.zero_grad()
     return model
 
 
@@ -268,18 +269,7 @@ def test_gradient_accumulation_on_two_processes_is_one_process_at_twice_the_batc
             "            opt.step(); opt.zero_grad()\n")
     ip.run_cell(cell)
     assert ip.user_ns["run"].state == "finished", ip.user_ns["run"].error
-    ns = {}
-    exec(SETUP, ns)
-    torch.manual_seed(3)
-    ref = ns["Net"]()
-    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-    for _ in range(2):
-        for i, (x, y) in enumerate(DataLoader(TensorDataset(ns["X"], ns["Y"]), batch_size=16)):
-            (nn.functional.mse_loss(ref(x), y) / 2).backward()
-            if i % 2 == 1:
-                opt.step()
-                opt.zero_grad()
-    assert same(ip.user_ns["model"], ref)
+    assert same(ip.user_ns["model"], one_process(batch=16, accumulate=2))
 
 
 def test_hand_updates_from_autograd_grad_are_refused_not_trained_apart(ip):
