@@ -230,7 +230,9 @@ def test_in_memory_tensors_get_batched_fetch_not_workers():
 
 
 def test_waiting_dataset_gets_workers():
-    tuning = autotune(mlp, SleepyDataset(), F.cross_entropy, budget_s=3, cache=False,
+    # 512 samples: an epoch long enough that forking two workers from the suite's process
+    # (large after the corpus's programs) is a small part of it
+    tuning = autotune(mlp, SleepyDataset(512), F.cross_entropy, budget_s=3, cache=False,
                       config=nt.TrainConfig(device="cpu", batch_size=16),
                       space={"amp": ["off"], "batch_size": [16], "num_workers": [0, 2],
                              "prefetch_factor": [None], "persistent_workers": [False]})

@@ -23,6 +23,16 @@ NAMES = [program.name for program in CORPUS]
 PICKLED = [p.name for p in CORPUS if p.entry == "main"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _forget_the_runs():
+    """The runs' namespaces (models, loaders, data of 25 programs, three ways) are let go
+    after this module: the suite's later tests fork workers from a smaller process."""
+    yield
+    result.cache_clear()
+    import gc
+    gc.collect()
+
+
 @functools.lru_cache(maxsize=None)
 def result(name: str, way: str):
     """Each program runs once each way per session; the tests read the same runs."""
