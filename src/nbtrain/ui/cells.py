@@ -3,7 +3,7 @@
 The notebook's side sends the cell's text and the namespace it needs (cloudpickle: classes
 and functions the notebook defined travel by value) to N rank processes
 (parallel/processes.py's Ranks, supervised as nt.fit's ranks are). Each rank runs the cell
-inside nt.watch, whose Ranks part makes the loop data-parallel (watcher/ranks.py); its
+inside nt.watch, whose DataParallel part makes the loop data-parallel (watcher/ranks.py); its
 records stream back into the notebook's one Run. At the end rank 0's results land in the
 notebook's namespace: the objects the cell made, and the trained state of the models and
 optimizers it was given, loaded into the notebook's own objects.
@@ -48,14 +48,14 @@ def train_cell(cell: str, ns: dict, world: int, settings: dict, progress=False,
                script=None) -> Run:
     """Run `cell` in `world` processes, data-parallel; the notebook's Run, finished.
     `script` (run_script): the file's path and argv, as `python` would set them."""
-    namespace = _namespace_for(cell, ns, world)
+    namespace = _packed_namespace(cell, ns, world)
     run = Run(watch_config(None, {k: v for k, v in settings.items() if k != "optimize"})[0])
     run.resolved["processes"] = (world, f"--processes {world}: your code, as written, in "
                                  f"{world} processes; each rank's DataLoader its shard")
     remember(run)
     keep(run, ("watch", None))
     attach_hooks(run, None, None, progress)
-    payload = dict(cell=cell, namespace=pack(namespace), settings=settings, script=script,
+    payload = dict(cell=cell, namespace=namespace, settings=settings, script=script,
                    timeout_s=RANK_TIMEOUT_S, env=nbtrain_environment())
     ranks = Ranks(world, payload, target=cell_rank_main)
     supervise(run, ranks, load_state=lambda run, blob: _take_results(ns, run, blob))
@@ -76,13 +76,17 @@ def run_script(path: str, args: list, processes="auto") -> int:
     return 0 if run.state in ("finished", "stopped") else 1
 
 
-def _namespace_for(cell: str, ns: dict, world: int) -> dict:
-    """The notebook's names the cell uses, each checked to travel (cloudpickle); one that
-    cannot is named before any process starts."""
+def _packed_namespace(cell: str, ns: dict, world: int) -> bytes:
+    """The notebook's names the cell uses, packed once (cloudpickle); where that fails,
+    the name that cannot travel is found and named, before any process starts."""
     import cloudpickle
     used = {node.id for node in ast.walk(ast.parse(cell)) if isinstance(node, ast.Name)}
     names = sorted(name for name in used & set(ns)
                    if not name.startswith("_") and name not in _IPYTHON_NAMES)
+    try:
+        return pack({name: ns[name] for name in names})
+    except Exception as exc:
+        together = exc
     for name in names:
         try:
             cloudpickle.dumps(ns[name])
@@ -91,7 +95,7 @@ def _namespace_for(cell: str, ns: dict, world: int) -> dict:
                 f"--processes {world}: `{name}` ({type(ns[name]).__name__}) cannot be sent to "
                 f"the processes ({type(exc).__name__}: {exc}). Make it inside the cell, or "
                 "run the cell in one process.", field="processes") from None
-    return {name: ns[name] for name in names}
+    raise together   # every name alone travels: the failure is of them together
 
 
 # -- a rank's side ------------------------------------------------------------------------------
