@@ -41,6 +41,9 @@ for epoch in range(2):
         opt.step()
 """
 
+# a bucket per parameter: every bucket is sent on its own, in the backward's order
+ONE_PARAM_BUCKETS = "import nbtrain.watcher.buckets as b; b.FIRST_BUCKET_BYTES = b.BUCKET_BYTES = 1\n"
+
 
 @pytest.fixture
 def ip():
@@ -261,7 +264,7 @@ def test_gradient_accumulation_on_two_processes_is_one_process_at_twice_the_batc
     ip.run_cell("torch.manual_seed(3)\nmodel = Net()\n"
                 "opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)\n"
                 "loader = DataLoader(TensorDataset(X, Y), batch_size=8)")
-    cell = ("%%fasttrain --processes 2\n"
+    cell = ("%%fasttrain --processes 2\n" + ONE_PARAM_BUCKETS +
             "for epoch in range(2):\n"
             "    for i, (x, y) in enumerate(loader):\n"
             "        (nn.functional.mse_loss(model(x), y) / 2).backward()\n"
@@ -289,7 +292,8 @@ def test_hand_updates_from_autograd_grad_are_refused_not_trained_apart(ip):
 
 def test_a_branch_that_leaves_a_gradient_none_on_one_rank_keeps_the_ranks_in_step(ip):
     """Rank 1's batches never reach the second head: its gradient is None there, zeros in
-    the average; the collectives still match and both ranks end with the same weights."""
+    the average; the collectives still match (rank 0's buckets are ready in the backward,
+    rank 1's at its end) and both ranks end with the same weights."""
     ip.run_cell(
         "class Two(nn.Module):\n"
         "    def __init__(self):\n"
@@ -298,7 +302,7 @@ def test_a_branch_that_leaves_a_gradient_none_on_one_rank_keeps_the_ranks_in_ste
         "        return self.b(x) if __import__('os').environ['RANK'] == '0' else self.a(x)\n"
         "model = Two(); opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
         "loader = DataLoader(TensorDataset(X, Y), batch_size=16)")
-    cell = ("%%fasttrain --processes 2\n"
+    cell = ("%%fasttrain --processes 2\n" + ONE_PARAM_BUCKETS +
             "for x, y in loader:\n"
             "    opt.zero_grad(); nn.functional.mse_loss(model(x), y).backward(); opt.step()\n")
     ip.run_cell(cell)

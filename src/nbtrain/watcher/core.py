@@ -316,6 +316,8 @@ class Watcher:
                 if loss is None:
                     return original(tensors, *args, **kwargs)
                 watcher._on_backward(loss)
+            if ranks is not None:
+                ranks.backward_starts()
             # a closure's backward (LBFGS) runs inside the step: there is no unscale after it
             result = original(tensors if steps.in_step else scaled(tensors), *args, **kwargs)
             if ranks is not None:

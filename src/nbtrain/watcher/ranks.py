@@ -6,11 +6,9 @@ data-parallel from outside.
   to the same length on every rank and batched as the loader batches; so the ranks' k-th
   batches together are the k-th batch of world x the batch size;
 - the model's parameters and buffers start as rank 0's (broadcast at its first forward);
-- at each backward's end, the model's gradients are averaged over the ranks in one
-  all_reduce of them all, in the model's order (a parameter without a gradient on a rank
-  counts as zeros there, and stays without one where no rank has one, as DDP's
-  find_unused_parameters); with the loss a mean over the batch, the update is that of the
-  whole global batch. With gradient accumulation each micro-batch's share is averaged in
+- the model's gradients are averaged over the ranks while each backward runs, in buckets
+  as DDP's reducer sends them (buckets.py); with the loss a mean over the batch, the update
+  is that of the whole global batch. With gradient accumulation each micro-batch's share is averaged in
   turn (the average of an average plus the new part is the average of the sum); a
   closure's evaluations (LBFGS) and hand updates after backward() see averaged gradients.
   Gradients no backward of the model made (another model's, set by hand) are averaged
@@ -30,6 +28,8 @@ import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.data import DataLoader, IterableDataset
 
+from .buckets import Buckets, average
+
 
 class NotDataParallel(RuntimeError):
     """The loop cannot be made data-parallel as written."""
@@ -40,7 +40,7 @@ class DataParallel:
 
     def __init__(self, edge, loader, rank: int, world: int):
         self.edge, self.loader, self.rank, self.world = edge, loader, rank, world
-        self._params = []       # the model's trainable parameters: averaged at each backward
+        self._buckets = None    # the model's trainable parameters: averaged in each backward
         self._averaged = set()  # ids of the parameters averaged since their optimizer's step
 
     def install(self) -> None:
@@ -49,21 +49,27 @@ class DataParallel:
         self.edge.patches.keep(register_optimizer_step_pre_hook(self._average_rest).remove)
         self.edge.run.resolved["processes"] = (self.world, (
             f"rank {self.rank} of {self.world}: each rank's DataLoader yields its shard of "
-            "every epoch; gradients averaged over the ranks at each backward's end"))
+            "every epoch; gradients averaged over the ranks during each backward"))
 
     # -- the model: rank 0's weights on every rank ------------------------------------------
     def found_model(self, model: torch.nn.Module) -> None:
         with torch.no_grad():
             for tensor in [*model.parameters(), *model.buffers()]:
                 dist.broadcast(tensor.data, src=0)
-        self._params = [p for p in model.parameters() if p.requires_grad]
+        params = [p for p in model.parameters() if p.requires_grad]
+        if params:
+            self._buckets = Buckets(params, self.world, self.edge.patches)
 
     # -- the gradients ----------------------------------------------------------------------
+    def backward_starts(self) -> None:
+        if self._buckets is not None:
+            self._buckets.backward_starts()
+
     def backward_done(self) -> None:
         """The backward's end: the model's gradients, the ranks' average."""
-        if self._params:
-            _average(self._params, self.world)
-            self._averaged.update(map(id, self._params))
+        if self._buckets is not None:
+            self._buckets.backward_ends()
+            self._averaged.update(map(id, self._buckets.params))
 
     def _average_rest(self, optimizer, args, kwargs) -> None:
         if self.edge.inside:
@@ -78,7 +84,7 @@ class DataParallel:
         rest = [p for p in params if id(p) not in self._averaged]
         self._averaged.difference_update(map(id, params))
         if rest:
-            _average(rest, self.world)
+            average(rest, self.world)
 
     def refuse_hand_gradients(self) -> None:
         """torch.autograd.grad's gradients go to the loop, not to the parameters: nbtrain
@@ -132,23 +138,3 @@ def _batched(indices, batch_size: int, drop_last: bool):
     if batch and not drop_last:
         yield batch
 
-
-def _average(params: list, world: int) -> None:
-    """The params' gradients, the ranks' average, in one all_reduce (in float32); a rank
-    without a gradient adds zeros. Where this rank had none, whether any rank had one is
-    read back (a sync, on this rare path only)."""
-    device = params[0].device
-    missing = [p.grad is None for p in params]
-    has = torch.tensor([0.0 if m else 1.0 for m in missing], device=device)
-    flat = torch.cat([has, *[(torch.zeros_like(p) if m else p.grad).reshape(-1).float()
-                             for p, m in zip(params, missing)]])
-    dist.all_reduce(flat)
-    counts = flat[:len(params)].tolist() if any(missing) else None
-    offset = len(params)
-    for i, p in enumerate(params):
-        part = flat[offset:offset + p.numel()].view_as(p).div_(world)
-        offset += p.numel()
-        if not missing[i]:
-            p.grad.copy_(part)
-        elif counts[i]:
-            p.grad = part.to(p.dtype)
