@@ -83,15 +83,18 @@ def same(a: nn.Module, b: nn.Module) -> bool:
 def test_an_inline_loop_on_two_processes_is_one_process_at_twice_the_batch(ip):
     ip.run_cell("torch.manual_seed(3)\nmodel = Net()\n"
                 "opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)\n"
-                "loader = DataLoader(TensorDataset(X, Y), batch_size=16)")
-    model, opt = ip.user_ns["model"], ip.user_ns["opt"]
-    result = ip.run_cell("%%fasttrain --processes 2\n" + LOOP)
+                "loader = DataLoader(TensorDataset(X, Y), batch_size=16)\n"
+                "history = {'epochs': []}")
+    model, opt, history = ip.user_ns["model"], ip.user_ns["opt"], ip.user_ns["history"]
+    result = ip.run_cell("%%fasttrain --processes 2\n" + LOOP + "    history['epochs'].append(epoch)\n")
     assert result.error_in_exec is None
     run = ip.user_ns["run"]
     assert run.state == "finished", run.error
     assert run.step == 2 * 256 // 32 and run.summary()["samples"] == 2 * 256
     # the notebook's own objects hold the result, as if the cell had run here
     assert ip.user_ns["model"] is model and ip.user_ns["opt"] is opt
+    # a dict it was given and changed in place holds rank 0's, in the notebook's object
+    assert ip.user_ns["history"] is history and history == {"epochs": [0, 1]}
     assert same(model, one_process(batch=32))
     assert opt.state[next(model.parameters())]["momentum_buffer"] is not None
     assert run.resolved["processes"][0] == 2

@@ -130,6 +130,7 @@ def _run_cell_rank(rank: int, world: int, port: int, blob: bytes, messages, requ
             return RankRun(cfg, rank, world, messages, requests, control)
         given = unpack_on_gpu(payload["namespace"])   # after set_device: this rank's GPU
         ns = dict(given, __name__="__main__", __builtins__=builtins)
+        contents = {name: _contents(value) for name, value in given.items()}
         source = _as_script(payload["script"], ns, rank)
         messages.put(("ready", rank, {"resolved": {}, "total_steps": None}))
         watched = watch(progress=False, _rank=(rank, world, make_run), **payload["settings"])
@@ -138,7 +139,7 @@ def _run_cell_rank(rank: int, world: int, port: int, blob: bytes, messages, requ
             _run_source(payload["cell"], source, ns)
         if isinstance(sys.stdout, _Marked):
             sys.stdout.close_line()
-        messages.put(("end", rank, _end_report(run, rank, ns, given, payload["script"])))
+        messages.put(("end", rank, _end_report(run, rank, ns, (given, contents), payload["script"])))
         dist.destroy_process_group()
     except BaseException as exc:
         messages.put(("failed", rank, {"text": "".join(traceback.format_exception(exc)).rstrip(),
@@ -196,19 +197,21 @@ class _Marked:
         return getattr(self.stream, name)
 
 
-def _end_report(run, rank: int, ns: dict, given: dict, script) -> dict:
-    """What rank 0 sends back: the names the cell bound, and the models and optimizers it
-    was given (trained in place); the other ranks send their step only."""
+def _end_report(run, rank: int, ns: dict, given: tuple, script) -> dict:
+    """What rank 0 sends back: the names the cell bound, the models and optimizers it was
+    given (trained in place), and the lists, dicts and sets it was given and changed (a
+    history appended to); the other ranks send their step only. `given`: the names the
+    cell was given, and their contents when it started."""
     report = {"step": run.step, "state": run.state, "message": run.message or "",
               "diverged": False, "blob": None}
     if rank == 0:   # a script's results have no notebook to go to
-        results = {} if script else _results(ns, given)
-        report["blob"] = pack({"results": results, "given": sorted(given),
+        results = {} if script else _results(ns, *given)
+        report["blob"] = pack({"results": results, "given": sorted(given[0]),
                                "position": run.position, "rng": ckpt.rng_state()})
     return report
 
 
-def _results(ns: dict, given: dict) -> dict:
+def _results(ns: dict, given: dict, contents: dict) -> dict:
     import cloudpickle
     out = {}
     for name, value in ns.items():
@@ -216,7 +219,8 @@ def _results(ns: dict, given: dict) -> dict:
             continue
         made = given.get(name, _MISSING) is not value
         trained = isinstance(value, (torch.nn.Module, torch.optim.Optimizer))
-        if not (made or trained):
+        changed = not made and not _same(_contents(value), contents[name])
+        if not (made or trained or changed):
             continue
         try:
             cloudpickle.dumps(value)
@@ -227,6 +231,20 @@ def _results(ns: dict, given: dict) -> dict:
 
 
 _MISSING = object()
+_CONTAINERS = (list, dict, set)
+
+
+def _contents(value, depth: int = 2) -> list:
+    """A list's, dict's or set's keys and items, two levels deep, as the objects themselves
+    (each container before its items): a change in place changes one of them."""
+    if depth == 0 or type(value) not in _CONTAINERS:
+        return [value]
+    items = [x for kv in value.items() for x in kv] if type(value) is dict else list(value)
+    return [value, *[x for item in items for x in _contents(item, depth - 1)]]
+
+
+def _same(now: list, before: list) -> bool:
+    return len(now) == len(before) and all(a is b for a, b in zip(now, before))
 
 
 # -- the notebook's side, at the end --------------------------------------------------------------
@@ -256,9 +274,10 @@ def unpack_on_gpu(blob: bytes):
 
 def take_back(ns: dict, results: dict, given=()) -> None:
     """Rank 0's objects into the notebook: a model or optimizer the cell was given
-    (`given`: its names) takes the trained state into the notebook's own object; any
-    other name is set. An optimizer that came back over a model the notebook holds is
-    pointed at that model's own parameters."""
+    (`given`: its names) takes the trained state into the notebook's own object, and so
+    does a list, dict or set the cell was given and changed; any other name is set. An
+    optimizer that came back over a model the notebook holds is pointed at that model's
+    own parameters."""
     params = {}   # id of a parameter that came back -> the notebook's own
     for name, value in results.items():
         mine = ns.get(name) if name in given else None
@@ -274,7 +293,19 @@ def take_back(ns: dict, results: dict, given=()) -> None:
                 continue
         if isinstance(value, torch.nn.Module) and type(mine) is type(value):
             continue
+        if type(value) in _CONTAINERS and type(mine) is type(value):
+            _refill(mine, value)
+            continue
         ns[name] = value
+
+
+def _refill(mine, value) -> None:
+    """A list, dict or set of the notebook's, holding what rank 0's holds."""
+    if type(mine) is list:
+        mine[:] = value
+    else:
+        mine.clear()
+        mine.update(value)
 
 
 def _point_at(optimizer: torch.optim.Optimizer, params: dict) -> None:
