@@ -207,12 +207,15 @@ for epoch in range(2):
         opt.step()
     print("epoch", epoch, "done")
 torch.save(model.state_dict(), args.out)
+model.load_state_dict(torch.load(args.out))
+print("loaded back")
 '''
 
 
 def test_nbtrain_run_trains_a_script_as_written_on_two_processes(tmp_path):
     """`nbtrain run --processes 2 script.py args`: torchrun's job without the script's
-    changes; its file saved once (rank 0's), the other rank's prints marked."""
+    changes; its file saved once (rank 0's), the other rank's prints marked, and what a
+    rank saved it can load back."""
     import subprocess
     import sys
     (tmp_path / "train.py").write_text(SCRIPT.format(batch=16))
@@ -222,6 +225,9 @@ def test_nbtrain_run_trains_a_script_as_written_on_two_processes(tmp_path):
                           text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "[rank 1] epoch 1 done" in done.stdout and "\nepoch 1 done" in done.stdout
+    # rank 1 loads back what it saved, from a file of its own that is gone at its end
+    assert "[rank 1] loaded back" in done.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one.py", "train.py", "two.pt"]
     subprocess.run([sys.executable, "one.py", "--out", "one.pt"], cwd=tmp_path, check=True,
                    timeout=300)
     two, one = torch.load(tmp_path / "two.pt"), torch.load(tmp_path / "one.pt")

@@ -158,7 +158,8 @@ def _run_source(code: str, filename: str, ns: dict) -> None:
 def _as_script(script, ns: dict, rank: int) -> str:
     """A script's rank runs as `python script.py args` would: its argv, __file__ and
     folder on sys.path; its torch.save files written by rank 0 only (as a torchrun script
-    guards them with `if rank == 0`), the other ranks' prints marked with their rank.
+    guards them with `if rank == 0`; _save_aside), the other ranks' prints marked with
+    their rank.
     Returns the file name its tracebacks show."""
     if script is None:
         return "<cell>"
@@ -167,8 +168,34 @@ def _as_script(script, ns: dict, rank: int) -> str:
     ns["__file__"] = script["path"]
     sys.stdout = _Marked(sys.stdout, f"[rank {rank}] " if rank else "")
     if rank:
-        torch.save = lambda *args, **kwargs: None
+        _save_aside(rank)
     return script["path"]
+
+
+def _save_aside(rank: int) -> None:
+    """A rank other than 0 saves files with torch.save in a folder of its own, gone when it
+    ends, and torch.load of a file it saved reads its copy: the script's files are rank
+    0's alone, and a script that loads back what it saved still finds it."""
+    import shutil
+    import tempfile
+    from multiprocessing.util import Finalize
+    folder = tempfile.mkdtemp(prefix=f"nbtrain-rank{rank}-")
+    Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=0)
+    aside, save, load = {}, torch.save, torch.load
+
+    def place(f):
+        if not isinstance(f, (str, os.PathLike)):   # a buffer: the rank's own
+            return f
+        return aside.setdefault(os.path.abspath(f), os.path.join(folder, str(len(aside))))
+
+    def save_aside(obj, f, *args, **kwargs):
+        return save(obj, place(f), *args, **kwargs)
+
+    def load_aside(f, *args, **kwargs):
+        if isinstance(f, (str, os.PathLike)):
+            f = aside.get(os.path.abspath(f), f)
+        return load(f, *args, **kwargs)
+    torch.save, torch.load = save_aside, load_aside
 
 
 class _Marked:
