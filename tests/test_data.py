@@ -68,8 +68,23 @@ def test_auto_settings_by_data_kind():
     assert "per-sample" in per_sample["num_workers"][1]
 
 
+@pytest.mark.parametrize("files, cores", [
+    ({"cpu.max": "150000 100000\n"}, 2),             # cgroup v2: 1.5 CPUs, rounded up
+    ({"cpu.max": "max 100000\n"}, 16),               # v2, no quota
+    ({"cpu/cpu.cfs_quota_us": "300000", "cpu/cpu.cfs_period_us": "100000"}, 3),   # v1
+    ({"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000"}, 16),      # v1, none
+    ({}, 16),                                         # no cgroup files (not Linux)
+])
+def test_a_cgroup_quota_is_read_as_joblib_reads_it(tmp_path, files, cores):
+    from nbtrain.machine import cgroup_cores
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cgroup_cores(16, root=str(tmp_path)) == cores
+
+
 def test_auto_workers_follow_the_cpu_limit_not_the_machine(monkeypatch):
-    # LOKY_MAX_CPU_COUNT stands in for a container's cgroup quota: both cap joblib's count
+    # LOKY_MAX_CPU_COUNT stands in for a container's cgroup quota: both cap the count
     monkeypatch.setenv("LOKY_MAX_CPU_COUNT", "1")
     assert available_cores() == 1
     resolved = {}

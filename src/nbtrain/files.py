@@ -16,9 +16,11 @@ from typing import Optional
 
 
 @contextlib.contextmanager
-def atomic_write(path, mode: str = "wb"):
+def atomic_write(path, mode: str = "wb", durable: bool = True):
     """A file object to write `path` through; it replaces `path` only when the block ends
     without an error. On an error the temp file is removed and `path` is left as it was.
+    `durable=False` (a cache, measured again if a crash loses it) skips the fsync, which
+    costs a run's end milliseconds.
 
     >>> with atomic_write("runs/last.pt") as f:
     ...     torch.save(state, f)
@@ -32,7 +34,8 @@ def atomic_write(path, mode: str = "wb"):
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()
-            os.fsync(f.fileno())   # on disk before the rename makes it the file
+            if durable:
+                os.fsync(f.fileno())   # on disk before the rename makes it the file
         os.replace(tmp, path)
     except BaseException:   # KeyboardInterrupt too: no temp file left behind
         os.unlink(tmp)

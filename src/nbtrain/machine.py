@@ -92,18 +92,40 @@ def load_moved(load: float) -> bool:
 
 def available_cores() -> int:
     """CPUs this process may use: its affinity mask and any cgroup CPU quota (Docker,
-    Kubernetes, Binder), which `os.cpu_count()` ignores. joblib (a scikit-learn
-    dependency) reads both; LOKY_MAX_CPU_COUNT caps it by hand. Reading the cgroup files
-    costs about 0.3 ms, and the diagnosis asks once per record: the answer is kept until
-    the cap or the affinity mask changes."""
+    Kubernetes, Binder), which `os.cpu_count()` ignores, as joblib counts them (its
+    LOKY_MAX_CPU_COUNT caps it by hand) without importing joblib into the user's program.
+    The diagnosis asks once per record: the answer is kept until the cap or the affinity
+    mask changes."""
     affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     return _cores(os.environ.get("LOKY_MAX_CPU_COUNT"), frozenset(affinity or ()))
 
 
 @functools.lru_cache(maxsize=8)
 def _cores(cap, affinity) -> int:
-    import joblib
-    return joblib.cpu_count()
+    total = os.cpu_count() or 1
+    counts = [len(affinity) or total, cgroup_cores(total)] + ([int(cap)] if cap else [])
+    return max(1, min(counts))
+
+
+def cgroup_cores(total: int, root: str = "/sys/fs/cgroup") -> int:
+    """The cgroup's CPU quota in cores, rounded up (v2's cpu.max, else v1's CFS files);
+    `total` where there is none ("max", a negative quota, no cgroup files)."""
+    parts = (_read(f"{root}/cpu.max") or "").split()
+    if len(parts) != 2:
+        parts = [_read(f"{root}/cpu/cpu.cfs_quota_us"), _read(f"{root}/cpu/cpu.cfs_period_us")]
+    try:
+        quota, period = int(parts[0]), int(parts[1])
+    except (TypeError, ValueError):   # "max", or no files
+        return total
+    return -(-quota // period) if quota > 0 and period > 0 else total
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
 
 
 def load_change_that_counts() -> float:

@@ -233,7 +233,7 @@ def probed_peak(device: torch.device, prec: str, threads: int) -> tuple:
     entry = _PROBED[key]
     if entry is None or _stale(entry, device):
         entry = _PROBED[key] = _probe_again(machine, entry, device, prec, threads)
-        with atomic_write(path, "w") as f:
+        with atomic_write(path, "w", durable=False) as f:
             json.dump(entry, f, indent=1)
     where = (f", {threads} threads, load {entry['load']:.1f}" if device.type == "cpu"
              and "load" in entry else "")   # GPU entries (and old files) have no load

@@ -180,7 +180,7 @@ def remember_bf16_gain(key, gain: float, load: Optional[float] = None) -> None:
     entry = {"gain": gain, "load": load_now() if load is None else load}
     _BF16_GAINS[key] = entry
     from ..files import atomic_write
-    with contextlib.suppress(OSError), atomic_write(_gain_file(key), "w") as f:
+    with contextlib.suppress(OSError), atomic_write(_gain_file(key), "w", durable=False) as f:
         json.dump({**entry, "key": repr(key)[:2000]}, f)
 
 
@@ -226,7 +226,7 @@ def keep_bf16_blocks(key, entry: dict) -> None:
     for the next run of the same model to go on from."""
     _BF16_BLOCKS[key] = entry
     from ..files import atomic_write
-    with contextlib.suppress(OSError), atomic_write(_blocks_file(key), "w") as f:
+    with contextlib.suppress(OSError), atomic_write(_blocks_file(key), "w", durable=False) as f:
         json.dump({**entry, "key": repr(key)[:2000]}, f)
 
 

@@ -191,7 +191,7 @@ def _refuse_a_shared_gpu(device: torch.device, rank: int, world: int) -> None:
 
 def _share_cores(cfg: TrainConfig, world: int) -> int:
     """This rank's cores: intra-op threads, loader workers and threads resolve within them
-    (joblib, behind available_cores, reads LOKY_MAX_CPU_COUNT)."""
+    (available_cores reads LOKY_MAX_CPU_COUNT, as joblib does)."""
     share = max(1, available_cores() // world)
     os.environ["LOKY_MAX_CPU_COUNT"] = str(share)
     torch.set_num_threads(share if cfg.num_threads == "auto" else cfg.num_threads)

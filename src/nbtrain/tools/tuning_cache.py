@@ -82,5 +82,5 @@ def load_cached(key: str) -> Optional[dict]:
 
 def save_cached(key: str, entry: dict) -> None:
     """Write atomically: a second notebook reading the cache never sees half a file."""
-    with atomic_write(_cache_file(key), "w") as f:
+    with atomic_write(_cache_file(key), "w", durable=False) as f:
         json.dump(entry, f, indent=1, default=str)
