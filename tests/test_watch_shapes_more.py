@@ -48,16 +48,23 @@ def test_a_gan_without_a_dataloader_counts_its_batch_once_a_step(d_first):
     assert run.step == 6 and run.summary()["samples"] == 6 * BATCH
 
 
-def _hand_set_grads_then_step(model, steps=5):
-    """Gradients from torch.autograd.grad set on the parameters by hand, then opt.step()."""
+def _hand_set_grads_then_step(model, steps=5, clip=None, backward_first=0):
+    """Gradients from torch.autograd.grad set on the parameters by hand (clipped, where
+    `clip`), then opt.step(); the first `backward_first` steps' from loss.backward()."""
     gen = torch.Generator().manual_seed(1)
     x, y = torch.randn(BATCH, 6, generator=gen), torch.randn(BATCH, 1, generator=gen)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _ in range(steps):
+    for step in range(steps):
         loss = nn.functional.mse_loss(model(x), y)
-        grads = torch.autograd.grad(loss, list(model.parameters()))
-        for p, g in zip(model.parameters(), grads):
-            p.grad = g
+        if step < backward_first:
+            opt.zero_grad()
+            loss.backward()
+        else:
+            grads = torch.autograd.grad(loss, list(model.parameters()))
+            for p, g in zip(model.parameters(), grads):
+                p.grad = g
+        if clip is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
     return model
 
@@ -67,14 +74,21 @@ def _small_model():
     return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1))
 
 
-def test_fp16_hand_set_gradients_from_autograd_grad_update_as_fp32_would():
-    fp32 = _hand_set_grads_then_step(_small_model())
-    with nt.watch(amp="fp16", progress=False) as run:
-        fp16 = _hand_set_grads_then_step(_small_model())
-    assert run.resolved["amp"][0] == "fp16" and run.state == "finished" and run.step == 5
-    for a, b in zip(fp32.parameters(), fp16.parameters()):
-        torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
-    start = _small_model()   # the update moved the weights, as fp32's did
+@pytest.mark.parametrize("impl", ["fused", "foreach"])   # the kernel unscales, or unscale_
+@pytest.mark.parametrize("clip, backward_first", [(None, 0), (0.05, 0), (None, 2)],
+                         ids=["step", "clipped", "after backward steps"])
+def test_fp16_hand_set_gradients_from_autograd_grad_update_as_fp32_would(impl, clip,
+                                                                         backward_first):
+    """autograd.grad's gradients are the loop's, unscaled: the step and the clip take
+    them as they are, after scaled backwards too (the watch's GradScaler asserted that no
+    loss was scaled; the clip read a scale there was none of)."""
+    fp32 = _hand_set_grads_then_step(_small_model(), clip=clip, backward_first=backward_first)
+    with nt.watch(amp="fp16", optimizer_impl=impl, progress=False) as run:
+        fp16 = _hand_set_grads_then_step(_small_model(), clip=clip,
+                                         backward_first=backward_first)
+    assert run.resolved["amp"][0] == "fp16" and run.resolved["optimizer_impl"][0] == impl
+    assert run.state == "finished" and run.step == 5
+    start = _small_model()
     moved = sum((a - s).abs().sum() for a, s in zip(fp32.parameters(), start.parameters()))
-    diff = sum((a - b).abs().sum() for a, b in zip(fp32.parameters(), fp16.parameters()))
-    assert diff < 0.05 * moved
+    apart = sum((a - b).abs().sum() for a, b in zip(fp32.parameters(), fp16.parameters()))
+    assert apart < 0.05 * moved   # fp16 autocast's rounding only

@@ -362,6 +362,7 @@ class Watcher:
             if watcher.ranks is not None:
                 watcher.ranks.refuse_hand_gradients()
             watcher._on_backward(loss)
+            watcher.precision.gradients_handed_back()
             result = original(outputs, inputs, *args, **kwargs)
             if watcher.steps.hand is not None:
                 watcher._after_hand_backward()
