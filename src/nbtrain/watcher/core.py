@@ -26,6 +26,7 @@ from typing import Optional
 
 import torch
 from torch.compiler import is_compiling
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from .. import checkpoint as ckpt
 from ..run import Run
@@ -66,6 +67,8 @@ class Watcher:
         self._forward_hooks = []        # the global forward hooks' handles, while needed
         self._batch_dim = 0             # where a forward's input holds its samples
         self._outputs = []              # weak references to the last forward's output tensors
+        self._in_model = False          # the model's forward runs (its own modules run)
+        self._made = {}                 # storages another network's last forward returned
 
     @property
     def model(self):
@@ -226,6 +229,7 @@ class Watcher:
             return None
         if _current_node() is not None:   # recomputed in a backward (checkpointing)
             return None
+        self._in_model = True
         if edge.at_boundary:
             edge.stop_if_asked()
         if torch.is_grad_enabled():   # an evaluation forward (no_grad) is no step's
@@ -249,22 +253,35 @@ class Watcher:
         if module is not edge.model:
             if edge.model is None:
                 self._depth -= 1
+            elif not self._in_model and self.loader.training is None:
+                self._note_made(module, output)
             return None
         if _current_node() is not None:
             return None
+        self._in_model = False
         if self.loader.training is None and torch.is_grad_enabled():   # no DataLoader
             self._count_forward_samples(args, kwargs, output)
         return self.precision.forward_done(output)
 
     def _count_forward_samples(self, args, kwargs, output) -> None:
-        """Each forward's batch adds samples (a policy's states), except a forward that
-        takes a tensor the last one returned: an RNN fed its hidden state a word at a time
-        goes on with the same samples."""
-        recurrent = self._outputs and any(
-            ref() is t for t in _tensors_in(args) for ref in self._outputs)
-        if not recurrent:
+        """Each forward's batch adds samples (a policy's states), except a forward fed
+        what a network made, not data: the tensor the model's last forward returned (an
+        RNN fed its hidden state a word at a time goes on with the same samples), or what
+        shares its storage with another network's last output (a GAN's discriminator fed
+        its generator's fakes, detached or not, takes the step's batch once, the real one)."""
+        inputs = _tensors_in(args)
+        recurrent = self._outputs and any(ref() is t for t in inputs for ref in self._outputs)
+        made = self._made and any(_storage_id(t) in self._made for t in inputs)
+        if not (recurrent or made):
             self.edge.samples += samples_in(args, kwargs, self._batch_dim)
         self._outputs = [weakref.ref(t) for t in _tensors_in(output)]
+
+    def _note_made(self, module, output) -> None:
+        """Without a DataLoader: the output of a network other than the model, run with
+        gradients (a generator), called outside the model's forward; the last one is kept."""
+        tensors = [t for t in _tensors_in(output) if t.requires_grad]
+        if tensors and any(p.requires_grad for p in module.parameters()):
+            self._made = _held_storages(tensors)
 
     def _found_model(self, model) -> None:
         """The model the loop trains, at the start of its first forward: what depends on it
@@ -347,6 +364,7 @@ class Watcher:
             if watcher.ranks is not None:
                 watcher.ranks.refuse_hand_gradients()
             watcher._on_backward(loss)
+            watcher.precision.gradients_handed_back()
             result = original(outputs, inputs, *args, **kwargs)
             if watcher.steps.hand is not None:
                 watcher._after_hand_backward()
@@ -462,6 +480,26 @@ def _loss_of(tensors):
     if len(tensors) == 1:
         return tensors[0]
     return torch.stack([t.detach().float().sum() for t in tensors]).sum()
+
+
+def _storage_id(tensor: torch.Tensor):
+    """The tensor's storage, the same for its views and detached copies, as an int (None
+    for a tensor without one: sparse, or functorch's)."""
+    try:
+        return tensor.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def _held_storages(tensors) -> dict:
+    """The tensors' storages by _storage_id, each held by a weak reference: while it is
+    held no other storage takes its id, and the tensors' memory is not kept."""
+    held = {}
+    for tensor in tensors:
+        key = _storage_id(tensor)
+        if key is not None:
+            held[key] = StorageWeakRef(tensor.untyped_storage())
+    return held
 
 
 def _transformed(loss: torch.Tensor) -> bool:

@@ -34,6 +34,7 @@ class Precision:
         self._kernel_scaled = []        # fused optimizers holding the scale, until their step ends
         self._in_kernel = set()         # ids of those inf-checked this step: gradients still scaled
         self._set_aside = []            # (param, grad) of a step skipped on inf, until after it
+        self._grads_scaled = False      # the loop's last backward ran on the scaled loss
 
     def install(self) -> None:
         for name in ("clip_grad_norm_", "clip_grad_value_"):   # fp16: the scale, along
@@ -110,11 +111,18 @@ class Precision:
         if self.scaler is None:
             return loss
         self._update_scale()
+        self._grads_scaled = True
         self.edge.inside = True
         try:
             return self.scaler.scale(loss)
         finally:
             self.edge.inside = False
+
+    def gradients_handed_back(self) -> None:
+        """fp16: torch.autograd.grad's gradients go to the loop unscaled, since the loop
+        uses them itself (a hand update, a norm, `p.grad = g`): an optimizer step or a
+        clip on them has nothing to unscale, until a backward runs on a scaled loss again."""
+        self._grads_scaled = False
 
     def last_update(self) -> None:
         """The last step's update at the end: the Run's scaler is current."""
@@ -135,7 +143,7 @@ class Precision:
         inf or NaN among them the step is skipped, as GradScaler.step skips it: without a
         gradient, torch's optimizers leave a parameter and its state as they are. The
         gradients are set aside for the step and given back after it (after_scaled_step)."""
-        if id(optimizer) in self._unscaled:
+        if id(optimizer) in self._unscaled or not self._grads_scaled:
             return
         if _kernel_takes_the_scale(optimizer):
             self._hand_scale_to_kernel(optimizer)
@@ -202,8 +210,10 @@ class Precision:
         @functools.wraps(original)
         def clip(parameters, limit, *args, **kwargs):
             scaler = part.scaler
-            # the gradients are true once an optimizer has unscaled them in place
-            if scaler is None or edge.inside or part._unscaled - part._in_kernel:
+            # the gradients are true from autograd.grad, or once an optimizer has unscaled
+            # them in place
+            if scaler is None or edge.inside or not part._grads_scaled or \
+                    part._unscaled - part._in_kernel:
                 return original(parameters, limit, *args, **kwargs)
             # a norm's limit may be a tensor (max_norm / total_norm): the scale stays on the
             # device; clamp's limits are numbers, read under `inside` (not the loop's read)
