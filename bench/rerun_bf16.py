@@ -7,8 +7,9 @@ The tutorial's digits CNN loop (bench/own_loop.py's `the_loop`, 2 epochs: about 
 on a 2-core CPU) run `--runs` times as a notebook re-runs its cell: a new model each run,
 as written and under `nt.watch()` (the defaults) in turn, the order swapped each run. The
 measurements nbtrain keeps go to a new cache folder, so run 1 finds no evidence, as on a
-new machine. Printed per run: the seconds per step each way (the whole call over its steps), their ratio, and what the watch's amp
-setting says (the trial's standing, or its decision). On a CPU without bf16 units the
+new machine. Printed per run: the seconds per step each way (the whole call over its
+steps), their ratio, and what the watch's amp setting says (the trial's standing, or its
+decision). On a CPU without bf16 units the
 trial never starts and every run says so.
 """
 from __future__ import annotations
