@@ -92,3 +92,57 @@ def test_fp16_hand_set_gradients_from_autograd_grad_update_as_fp32_would(impl, c
     moved = sum((a - s).abs().sum() for a, s in zip(fp32.parameters(), start.parameters()))
     apart = sum((a - b).abs().sum() for a, b in zip(fp32.parameters(), fp16.parameters()))
     assert apart < 0.05 * moved   # fp16 autocast's rounding only
+
+
+def _by_hand(model, steps=8, lr=0.05):
+    """pytorch/examples regression's update: backward, then each weight moved by hand."""
+    torch.manual_seed(1)
+    x, y = torch.randn(64, 6), torch.randn(64, 1)
+    for _ in range(steps):
+        loss = nn.functional.mse_loss(model(x), y)
+        model.zero_grad()
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= lr * p.grad
+    return model
+
+
+def test_fp16_on_a_loop_that_updates_by_hand_scales_no_loss():
+    """No optimizer unscales a hand update: the loss stays unscaled (it was scaled by
+    65536 and the weights went to NaN), autocast still runs, and the Run says so."""
+    fp32 = _by_hand(_small_model())
+    with nt.watch(amp="fp16", progress=False) as run:
+        fp16 = _by_hand(_small_model())
+    assert run.state == "finished" and run.step == 8
+    assert "no loss scaled" in run.resolved["amp"][1]
+    start = _small_model()
+    moved = sum((a - s).abs().sum() for a, s in zip(fp32.parameters(), start.parameters()))
+    apart = sum((a - b).abs().sum() for a, b in zip(fp32.parameters(), fp16.parameters()))
+    assert apart < 0.05 * moved   # fp16 autocast's rounding only
+
+
+def test_fp16_without_an_optimizers_zero_grad_checks_the_first_step_for_inf():
+    """A loop that zeroes with model.zero_grad(): its first backward is not scaled (it
+    could be a hand update's); the first step is still checked for inf and skipped, and
+    the scale lowered, as GradScaler does; later steps are scaled."""
+    torch.manual_seed(1)
+    x, y = torch.randn(64, 6), torch.randn(64, 1)
+    model = _small_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    start = [p.detach().clone() for p in model.parameters()]
+    scaled = []
+    with nt.watch(amp="fp16", optimizer_impl="for-loop", progress=False) as run:
+        for step in range(4):
+            model.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            scaled.append(model[0].weight.grad.abs().max().item())
+            if step == 0:
+                model[0].weight.grad[0, 0] = float("inf")
+            opt.step()
+            if step == 0:
+                assert all(torch.equal(a, b) for a, b in zip(start, model.parameters()))
+    assert run.scaler.get_scale() == 2.0 ** 15   # halved once, by the skipped first step
+    assert scaled[1] > 1000 * scaled[0]          # from the second step on, scaled
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert run.step == 4

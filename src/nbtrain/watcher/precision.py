@@ -10,6 +10,7 @@ import functools
 import inspect
 
 import torch
+from torch.amp.grad_scaler import OptState
 
 from ..auto import budget
 from ..auto.precision import amp_for, auto_amp, bf16_units, known_bf16_gain
@@ -35,10 +36,16 @@ class Precision:
         self._in_kernel = set()         # ids of those inf-checked this step: gradients still scaled
         self._set_aside = []            # (param, grad) of a step skipped on inf, until after it
         self._grads_scaled = False      # the loop's last backward ran on the scaled loss
+        self._to_optimizer = False      # an optimizer has zeroed or stepped: the loss may be scaled
+        self._undo_zero_grad = None     # the zero_grad patch that tells it, until it has
 
     def install(self) -> None:
+        patches = self.edge.patches
         for name in ("clip_grad_norm_", "clip_grad_value_"):   # fp16: the scale, along
-            self.edge.patches.patch(torch.nn.utils, name, self._wrap_clip)
+            patches.patch(torch.nn.utils, name, self._wrap_clip)
+        if self.edge.run.config.amp in ("auto", "fp16"):   # fp16 may come: see _wrap_zero_grad
+            self._undo_zero_grad = patches.patch(torch.optim.Optimizer, "zero_grad",
+                                                 self._wrap_zero_grad)
 
     def resolve(self, model) -> tuple:
         """amp and channels_last for the model found; returns the amp choice, (TRIAL, why)
@@ -55,6 +62,8 @@ class Precision:
         if self.amp == "fp16":
             self.scaler = torch.amp.GradScaler(device.type)
             run.equip(scaler=self.scaler)
+        else:
+            self._gradients_go_to_an_optimizer()
         self._to_channels_last = edge.optimize and run.config.channels_last is True
         return choice
 
@@ -107,8 +116,13 @@ class Precision:
 
     # -- fp16: a GradScaler through the hooks, as scaler.scale / unscale_ / step / update --
     def scaled_for_backward(self, loss):
-        """fp16: the loss the backward runs on, scaled (after the last step's update)."""
+        """fp16: the loss the backward runs on, scaled (after the last step's update), once
+        the loop's gradients are known to go to an optimizer, which unscales them at its
+        step: a loop that updates its weights by hand would apply the scaled gradients."""
         if self.scaler is None:
+            return loss
+        if not self._to_optimizer:
+            self._grads_scaled = False
             return loss
         self._update_scale()
         self._grads_scaled = True
@@ -122,13 +136,41 @@ class Precision:
         """fp16: torch.autograd.grad's gradients go to the loop unscaled, since the loop
         uses them itself (a hand update, a norm, `p.grad = g`): an optimizer step or a
         clip on them has nothing to unscale, until a backward runs on a scaled loss again."""
+        if self.scaler is not None:
+            self._update_scale()
         self._grads_scaled = False
 
+    def _wrap_zero_grad(self, original):
+        """Until an optimizer steps, its zero_grad() tells that the loop's gradients go to
+        one (`opt.zero_grad(); loss.backward(); opt.step()`), so that the first backward is
+        scaled as GradScaler's recipe scales it; a loop that zeroes no optimizer's
+        gradients has its first step's unscaled, checked for inf at the step."""
+        part = self
+
+        @functools.wraps(original)
+        def zero_grad(optimizer, *args, **kwargs):
+            if not part.edge.inside:
+                part._gradients_go_to_an_optimizer()
+            return original(optimizer, *args, **kwargs)
+        return zero_grad
+
+    def _gradients_go_to_an_optimizer(self) -> None:
+        self._to_optimizer = True
+        if self._undo_zero_grad is not None:
+            self._undo_zero_grad()
+            self._undo_zero_grad = None
+
     def last_update(self) -> None:
-        """The last step's update at the end: the Run's scaler is current."""
-        if self.scaler is not None:
-            with contextlib.suppress(Exception):
-                self._update_scale()
+        """The last step's update at the end: the Run's scaler is current. A loop whose
+        gradients never went to an optimizer is told its loss was not scaled."""
+        if self.scaler is None:
+            return
+        with contextlib.suppress(Exception):
+            self._update_scale()
+        if not self._to_optimizer and self.edge.trained:
+            self.edge.run.resolved["amp"] = ("fp16", (
+                "autocast to float16; no loss scaled: your loop updates its weights itself, "
+                "and a GradScaler unscales only at an optimizer's step"))
 
     def _update_scale(self) -> None:
         """The scaler's update after a step: once per step, before the next backward (after
@@ -143,14 +185,18 @@ class Precision:
         inf or NaN among them the step is skipped, as GradScaler.step skips it: without a
         gradient, torch's optimizers leave a parameter and its state as they are. The
         gradients are set aside for the step and given back after it (after_scaled_step)."""
-        if id(optimizer) in self._unscaled or not self._grads_scaled:
+        self._gradients_go_to_an_optimizer()
+        if id(optimizer) in self._unscaled:
             return
-        if _kernel_takes_the_scale(optimizer):
+        if self._grads_scaled and _kernel_takes_the_scale(optimizer):
             self._hand_scale_to_kernel(optimizer)
             return
         self.edge.inside = True   # the inf check's .item() is not the loop's host read
         try:
-            self.scaler.unscale_(optimizer)
+            if self._grads_scaled:
+                self.scaler.unscale_(optimizer)
+            else:
+                self._check_unscaled(optimizer)
             self._unscaled.add(id(optimizer))
             # what GradScaler.step reads (torch/amp/grad_scaler.py, _maybe_opt_step)
             state = self.scaler._per_optimizer_states[id(optimizer)]
@@ -163,6 +209,18 @@ class Precision:
                     if param.grad is not None:
                         self._set_aside.append((param, param.grad))
                         param.grad = None
+
+    def _check_unscaled(self, optimizer) -> None:
+        """GradScaler.unscale_ with a scale of 1, for gradients of a loss the watch did not
+        scale: checked for inf, and counted by the scaler's update() as a step of its own."""
+        scaler = self.scaler
+        if scaler._scale is None:   # no loss scaled yet
+            scaler._lazy_init_scale_growth_tracker(self.edge.device)
+        one = torch.ones((), dtype=torch.float32, device=scaler._scale.device)
+        found_inf = torch.zeros((), dtype=torch.float32, device=scaler._scale.device)
+        state = scaler._per_optimizer_states[id(optimizer)]
+        state["found_inf_per_device"] = scaler._unscale_grads_(optimizer, one, found_inf, False)
+        state["stage"] = OptState.UNSCALED
 
     def _hand_scale_to_kernel(self, optimizer) -> None:
         """A fused optimizer unscales its gradients and skips its step on inf in its own
