@@ -264,6 +264,11 @@ def test_auto_processes_with_one_gpu_named_is_one_process_on_it(four_gpus):
     assert distributed.resolve_processes(Run(TrainConfig(processes="auto", device="cuda"))) == 4
 
 
+def test_fasttrain_processes_auto_is_every_gpu_as_fits(four_gpus):
+    from nbtrain.ui.cells import processes_for
+    assert processes_for("auto") == 4 and processes_for("2") == 2
+
+
 class Joined(Exception):
     """Ends run_rank right after the step a test watches."""
 

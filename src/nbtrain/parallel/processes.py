@@ -42,21 +42,26 @@ def resolve_processes(run) -> int:
         return requested
     device, _ = resolve_device(run.config.device) if run.config.device != "cpu" \
         else (torch.device("cpu"), "")
-    gpus = torch.cuda.device_count() if device.type == "cuda" else 0
-    if gpus > 1 and run.config.device.startswith("cuda:"):
-        # one GPU named: ranks on every GPU would each resolve it to that one (NCCL
-        # refuses a GPU shared by two ranks)
-        choice = (1, f"device={run.config.device!r} names one GPU: one process on it "
-                     "(device='cuda' or 'auto' trains on every visible GPU)")
-    elif gpus > 1:
-        choice = (gpus, f"{gpus} visible GPUs: one process each")
-    elif gpus == 1:
-        choice = (1, "one visible GPU: one process")
-    else:
-        choice = (1, f"device is {device.type}: one process uses every core (processes=N "
-                     "splits them between N processes)")
+    choice = auto_processes(device, one_gpu_named=run.config.device.startswith("cuda:"))
     run.resolved["processes"] = choice
     return choice[0]
+
+
+def auto_processes(device: torch.device, one_gpu_named: bool = False) -> tuple:
+    """processes="auto" (fit's, and %%fasttrain --processes auto's): (N, why), a process
+    on every visible GPU, one on a CPU."""
+    gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+    if gpus > 1 and one_gpu_named:
+        # one GPU named: ranks on every GPU would each resolve it to that one (NCCL
+        # refuses a GPU shared by two ranks)
+        return (1, f"device={device} names one GPU: one process on it (device='cuda' or "
+                   "'auto' trains on every visible GPU)")
+    if gpus > 1:
+        return (gpus, f"{gpus} visible GPUs: one process each")
+    if gpus == 1:
+        return (1, "one visible GPU: one process")
+    return (1, f"device is {device.type}: one process uses every core (processes=N "
+               "splits them between N processes)")
 
 
 # -- the notebook's side ------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from ..entry import attach_hooks, keep, remember, watch, watch_config
 from ..parallel.processes import (
     RANK_TIMEOUT_S,
     Ranks,
+    auto_processes,
     nbtrain_environment,
     supervise,
 )
@@ -40,7 +41,7 @@ _IPYTHON_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "open"}
 def processes_for(asked) -> int:
     """`--processes`: a number, or "auto": every GPU of the machine, one process on a CPU."""
     if asked == "auto":
-        return torch.cuda.device_count() if torch.cuda.is_available() else 1
+        return auto_processes(torch.device("cuda" if torch.cuda.is_available() else "cpu"))[0]
     return int(asked)
 
 
