@@ -58,6 +58,29 @@ def test_loader_builder_honours_every_setting():
     assert loader.pin_memory is False and "device is cpu" in resolved["pin_memory"][1]
 
 
+@pytest.mark.parametrize("files, cores", [
+    ({"/sys/fs/cgroup/cpu.max": "150000 100000"}, 2),               # v2: 1.5 CPUs, rounded up
+    ({"/sys/fs/cgroup/cpu.max": "max 100000"}, None),              # v2, no quota
+    ({"/sys/fs/cgroup/cpu/cpu.cfs_quota_us": "100000",
+      "/sys/fs/cgroup/cpu/cpu.cfs_period_us": "100000"}, 1),       # v1
+    ({"/sys/fs/cgroup/cpu/cpu.cfs_quota_us": "-1",
+      "/sys/fs/cgroup/cpu/cpu.cfs_period_us": "100000"}, None),    # v1, no quota
+    ({}, None)])                                                   # no cgroup files
+def test_a_cgroup_quota_caps_the_cores_as_joblib_counts_them(monkeypatch, files, cores):
+    from nbtrain import machine
+
+    def read(path):
+        if path not in files:
+            raise FileNotFoundError(path)
+        return files[path]
+    monkeypatch.setattr(machine, "_read", read)
+    machine._cores.cache_clear()
+    try:
+        assert machine._cores(None, frozenset(range(64))) == min(cores or 64, os.cpu_count())
+    finally:
+        machine._cores.cache_clear()
+
+
 def test_auto_settings_by_data_kind():
     tensors, per_sample = {}, {}
     make_batches((torch.randn(10, 2), torch.zeros(10)), TrainConfig(), torch.device("cpu"), tensors)
@@ -69,7 +92,7 @@ def test_auto_settings_by_data_kind():
 
 
 def test_auto_workers_follow_the_cpu_limit_not_the_machine(monkeypatch):
-    # LOKY_MAX_CPU_COUNT stands in for a container's cgroup quota: both cap joblib's count
+    # LOKY_MAX_CPU_COUNT stands in for a container's cgroup quota: both cap the count
     monkeypatch.setenv("LOKY_MAX_CPU_COUNT", "1")
     assert available_cores() == 1
     resolved = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 import platform
 from typing import Optional
@@ -92,18 +93,43 @@ def load_moved(load: float) -> bool:
 
 def available_cores() -> int:
     """CPUs this process may use: its affinity mask and any cgroup CPU quota (Docker,
-    Kubernetes, Binder), which `os.cpu_count()` ignores. joblib (a scikit-learn
-    dependency) reads both; LOKY_MAX_CPU_COUNT caps it by hand. Reading the cgroup files
-    costs about 0.3 ms, and the diagnosis asks once per record: the answer is kept until
-    the cap or the affinity mask changes."""
+    Kubernetes, Binder), which `os.cpu_count()` ignores; LOKY_MAX_CPU_COUNT caps it by
+    hand, as it caps joblib's count. Reading the cgroup files costs about 0.3 ms, and the
+    diagnosis asks once per record: the answer is kept until the cap or the affinity mask
+    changes."""
     affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     return _cores(os.environ.get("LOKY_MAX_CPU_COUNT"), frozenset(affinity or ()))
 
 
 @functools.lru_cache(maxsize=8)
 def _cores(cap, affinity) -> int:
-    import joblib
-    return joblib.cpu_count()
+    """The fewest of the CPUs, the affinity mask, the cgroup quota and the cap, at least 1:
+    joblib's count, read here since importing joblib costs a short watched program more
+    than the whole watch does."""
+    counts = [os.cpu_count() or 1, len(affinity) or math.inf, _cgroup_cpus(),
+              math.inf if cap is None else int(cap)]
+    return max(1, min(counts))
+
+
+def _cgroup_cpus() -> float:
+    """The cgroup's CPU quota in whole CPUs, rounded up (v2's cpu.max, else v1's two
+    files); infinite where there is none."""
+    try:
+        quota, period = _read("/sys/fs/cgroup/cpu.max").split()
+    except (OSError, ValueError):
+        try:
+            quota = _read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")
+            period = _read("/sys/fs/cgroup/cpu/cpu.cfs_period_us")
+        except OSError:
+            return math.inf
+    if quota == "max" or int(quota) <= 0 or int(period) <= 0:
+        return math.inf
+    return math.ceil(int(quota) / int(period))
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read().strip()
 
 
 def load_change_that_counts() -> float:
