@@ -20,8 +20,8 @@ from ..data.nested import batch_len
 from ..data.prefetch import mark_waits
 from ..run import Run
 from ..telemetry.timers import Interval
-from .failure import failure
 from .emit import flush_interval, log_interval
+from .failure import failure
 from .prepare import Setup
 
 
