@@ -32,10 +32,11 @@ _SUBMODULES = {"data": "data", "datasets": "data.datasets"}   # names that are m
 
 def __getattr__(name):
     if name in _SUBMODULES:
-        return importlib.import_module(f".{_SUBMODULES[name]}", __name__)
-    if name not in _LAZY:
+        value = importlib.import_module(f".{_SUBMODULES[name]}", __name__)
+    elif name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    else:
         raise AttributeError(f"module 'nbtrain' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     globals()[name] = value   # the next lookup is an ordinary one
     return value
 
