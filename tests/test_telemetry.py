@@ -310,12 +310,12 @@ def test_copy_bound_advice_leaves_out_what_the_run_already_has():
 def test_records_a_few_milliseconds_apart_share_a_diagnosis_and_the_last_has_its_own(blobs, monkeypatch):
     """The diagnosis is derived again at most every DIAGNOSE_EVERY_S: a record every few
     steps of a millisecond would pay for one each time. The run's last record gets its own."""
-    from nbtrain.train import loop
+    from nbtrain.train import emit
     calls = []
-    diagnose = loop.diagnose
-    monkeypatch.setattr(loop, "diagnose", lambda record, resolved: calls.append(record["step"])
+    diagnose = emit.diagnose
+    monkeypatch.setattr(emit, "diagnose", lambda record, resolved: calls.append(record["step"])
                         or diagnose(record, resolved))
-    monkeypatch.setattr(loop, "DIAGNOSE_EVERY_S", 3600.0)
+    monkeypatch.setattr(emit, "DIAGNOSE_EVERY_S", 3600.0)
     run = nt.fit(mlp(), blobs, F.cross_entropy, progress=False,
                  config=quick(max_steps=40, log_every=2, count_flops=False))
     train = run.records("train")

@@ -5,23 +5,11 @@
 """
 from __future__ import annotations
 
-from .data import datasets
-from .tools.autotune import autotune
-from .tools.compare import compare
-from .config import ConfigError, TrainConfig
-from .entry import fit, show_progress_with, watch
-from .tools.lr_find import lr_find
-from .auto.memory import max_batch_size
-from .tools.profiling import profile
-from .views.progress import attach_progress, setup_line
-from .run import Run, TrainingError
-from .train.schedule import schedule_preview
-from .runstore.read import delete_runs, load_run, runs
-from .version import __version__
+import importlib
+import sys
+import types
 
-# fit(progress=True)'s bar: a view, handed down to the entry, which imports no view
-show_progress_with(attach_progress, setup_line)
-del attach_progress, setup_line, show_progress_with
+from .version import __version__
 
 __all__ = ["TrainConfig", "ConfigError", "fit", "watch", "Run", "TrainingError", "schedule_preview",
            "max_batch_size", "compare", "lr_find", "autotune", "profile",
@@ -29,14 +17,50 @@ __all__ = ["TrainConfig", "ConfigError", "fit", "watch", "Run", "TrainingError",
            "datasets", "data", "load_ipython_extension", "unload_ipython_extension",
            "Panel", "Dashboard"]
 
-_LAZY = {"Panel": "ui.panel", "Dashboard": "views.dashboard"}   # they load ipywidgets/plotly: on first use
+# Every public name loads its module on first use, so that `import nbtrain` costs a script
+# (and a watch) only what it touches: name -> the module that defines it.
+_LAZY = {"TrainConfig": "config", "ConfigError": "config",
+         "fit": "entry", "watch": "entry",
+         "Run": "run", "TrainingError": "run",
+         "schedule_preview": "train.schedule", "max_batch_size": "auto.memory",
+         "compare": "tools.compare", "lr_find": "tools.lr_find",
+         "autotune": "tools.autotune", "profile": "tools.profiling",
+         "runs": "runstore.read", "load_run": "runstore.read", "delete_runs": "runstore.read",
+         "Panel": "ui.panel", "Dashboard": "views.dashboard"}
+_SUBMODULES = {"data": "data", "datasets": "data.datasets"}   # names that are modules
 
 
 def __getattr__(name):
-    if name in _LAZY:
-        import importlib
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module 'nbtrain' has no attribute {name!r}")
+    if name in _SUBMODULES:
+        value = importlib.import_module(f".{_SUBMODULES[name]}", __name__)
+    elif name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    else:
+        raise AttributeError(f"module 'nbtrain' has no attribute {name!r}")
+    globals()[name] = value   # the next lookup is an ordinary one
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
+
+
+def _hand_in_progress(entry) -> None:
+    """fit(progress=True)'s bar: a view, handed down to the entry, which imports no view."""
+    from .views.progress import attach_progress, setup_line
+    entry.show_progress_with(attach_progress, setup_line)
+
+
+class _Package(types.ModuleType):
+    # The import system binds each submodule to its package once loaded: the entry gets
+    # the bar then, however it was first imported (nt.fit, a tool, `from nbtrain import entry`).
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value)
+        if name == "entry" and isinstance(value, types.ModuleType):
+            _hand_in_progress(value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def load_ipython_extension(ipython) -> None:

@@ -18,20 +18,19 @@ import signal
 import threading
 import warnings
 import weakref
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
 from . import checkpoint as ckpt
-from .auto.devices import seed_all
 from .config import ConfigError, TrainConfig, as_config
 from .run import Run
 from .runstore import reporters
 from .runstore import write as store
-from .train import loop
-from .train.prepare import prepare
-from .train.schedule import Schedule
 from .watcher import Watcher, own_loop_config, record_floor_s
+
+if TYPE_CHECKING:
+    from .train.schedule import Schedule
 
 
 def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, *,
@@ -220,6 +219,10 @@ def _engine(run: Run, model, train_data, loss_fn, val_data, state, schedule) -> 
         if distributed.resolve_processes(run) > 1:
             return distributed.prepare(run, model, train_data, loss_fn, val_data, state,
                                        schedule)
+    # this process's loop: loaded by a fit only, never by a watch
+    from .auto.devices import seed_all
+    from .train import loop
+    from .train.prepare import prepare
     setup = prepare(run, model, train_data, loss_fn, val_data, state)
     if state is not None:
         ckpt.restore(run, state)

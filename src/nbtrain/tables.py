@@ -11,7 +11,6 @@ Three formats, because the tables say different things:
 """
 from __future__ import annotations
 
-import html
 import math
 from typing import List
 
@@ -47,6 +46,7 @@ def text_table(columns, rows: List[dict]) -> str:
 
 
 def html_table(columns, rows: List[dict]) -> str:
+    import html   # a notebook's tables only: a script, or a watch, never loads it
     head = "".join(f"<th>{html.escape(title)}</th>" for title, _ in columns)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(cell(row.get(key)))}</td>"
                                     for _, key in columns) + "</tr>" for row in rows)

@@ -49,8 +49,6 @@ from ..machine import (
     model_key,
 )
 from .devices import autocast_context, intra_op_threads
-from .losses import outputs_and_loss
-from .memory import leaves_no_trace
 
 COUNTED = "matmuls, convolutions and SDPA attention, forward and backward"
 
@@ -70,7 +68,11 @@ def flops_per_batch(model: torch.nn.Module, loss_fn, batch, amp: str, device: to
     """FLOPs of one forward and backward of `model` on `batch` (see the module's note)."""
     key = _count_key(model, loss_fn, batch, amp)
     if key not in _COUNTS:
+        # a fit's count only (a watch counts its loop's own steps): a watch never loads these
         from torch.utils.flop_counter import FlopCounterMode
+
+        from .losses import outputs_and_loss
+        from .memory import leaves_no_trace
         with leaves_no_trace(model), FlopCounterMode(display=False) as counter:
             with autocast_context(amp, device):
                 _, loss = outputs_and_loss(model, loss_fn, batch)

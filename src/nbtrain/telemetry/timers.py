@@ -194,7 +194,7 @@ class Interval:
         self._timer_class = NoTimer if not timed else (
             functools.partial(CudaTimer, device) if device.type == "cuda" else host_timer)
         self.memory = MemorySampler(device)
-        self.diagnosed = (-math.inf, "")   # (when, text) of the last diagnosis (loop._diagnosis)
+        self.diagnosed = (-math.inf, "")   # (when, text) of the last diagnosis (emit.py)
         self.t_start = time.perf_counter()
         self._ended = None
         self.timer = None

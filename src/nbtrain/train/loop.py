@@ -9,20 +9,18 @@ import contextlib
 import time
 import warnings
 from collections.abc import Mapping
-from typing import Optional
 
 import torch
 
 from .. import checkpoint as ckpt
-from ..auto import flops
 from ..auto.devices import autocast_context, intra_op_threads
-from ..auto.diagnosis import diagnose
 from ..auto.losses import outputs_and_loss
 from ..data.batches import length_of
 from ..data.nested import batch_len
 from ..data.prefetch import mark_waits
 from ..run import Run
 from ..telemetry.timers import Interval
+from .emit import flush_interval, log_interval
 from .failure import failure
 from .prepare import Setup
 
@@ -274,45 +272,6 @@ def _all_finite(losses) -> bool:
 def _applied_lr(opt) -> float:
     """The LR the last step ran with (the schedule may have changed since: set_lr)."""
     return opt.param_groups[0]["lr"]
-
-
-def log_interval(run: Run, interval: Interval, lr: float) -> None:
-    """Close the interval and emit the one before it (see Interval)."""
-    _emit_train(run, interval.close(run.step, run.epoch, lr), interval)
-
-
-def flush_interval(run: Run, interval: Interval) -> None:
-    """Emit the last closed interval's record now (it waits for the device)."""
-    _emit_train(run, interval.flush(), interval, last=True)
-
-
-DIAGNOSE_EVERY_S = 0.25   # records closer together carry the last diagnosis
-
-
-def _emit_train(run: Run, record: Optional[dict], interval: Interval, last: bool = False) -> None:
-    if record is None:
-        return
-    record.update(flops.rate_fields(record, run.resolved))
-    if interval.timed:
-        record["diagnosis"] = _diagnosis(run, record, interval, last)
-    run.emit(record)
-    if record.get("first_nonfinite_step") is None or run.config.on_nan != "stop" \
-            or run.diverged:   # the first non-finite step is the one to name
-        return
-    run.diverge(f"loss became non-finite at step {record['first_nonfinite_step']}; "
-                f"training stopped at step {run.step}. Lower lr, set clip_grad_norm, "
-                "or use on_nan='skip' to skip such steps.")
-
-
-def _diagnosis(run: Run, record: dict, interval: Interval, last: bool) -> str:
-    """The record's diagnosis, derived again at most every DIAGNOSE_EVERY_S (and for the
-    last record): a step of a millisecond makes a record every few milliseconds, and a
-    diagnosis is a hint read at human speed, not worth its cost in every one of them."""
-    now = time.perf_counter()
-    at, text = interval.diagnosed
-    if last or not text or now - at >= DIAGNOSE_EVERY_S:
-        interval.diagnosed = now, diagnose(record, run.resolved)
-    return interval.diagnosed[1]
 
 
 # -- validation ---------------------------------------------------------------------------------

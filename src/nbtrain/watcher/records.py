@@ -13,7 +13,7 @@ from collections import deque
 
 import torch
 
-from ..train.loop import flush_interval, log_interval
+from ..train.emit import flush_interval, log_interval
 from .settings import RECORDS_MERGED
 
 _item = torch._C.TensorBase.item   # torch's own, under the watch's counting wrapper
