@@ -135,10 +135,17 @@ def count_the_run(harness, marks) -> None:
 
 
 # -- outside: fresh processes, timed and counted -------------------------------------------------
+def as_a_users_python() -> dict:
+    """The environment of a user's `python train.py`: one that writes .pyc files, so the
+    uncounted first round leaves them as a user's second run finds them (a host may set
+    PYTHONDONTWRITEBYTECODE, and every module would be compiled on every run)."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def one_run(name: str, way: str) -> float:
     """One fresh process's seconds on the clock; a failed run raises its last error line."""
     done = subprocess.run([sys.executable, str(HERE), "--inside", name, way],
-                          capture_output=True, text=True, timeout=1800)
+                          capture_output=True, text=True, timeout=1800, env=as_a_users_python())
     found = [line for line in done.stdout.splitlines() if line.startswith(MARK)]
     if done.returncode or not found:
         lines = (done.stderr or done.stdout).strip().splitlines() or [f"exit {done.returncode}"]
@@ -180,7 +187,7 @@ def instructions(name: str, way: str, marks: str, folder: str) -> dict:
     """{'import nbtrain': n, 'run': n}: the instructions of the timed span of one fresh
     process under callgrind (no import where the way has none)."""
     out = os.path.join(folder, f"{name}.{way.replace(' ', '_')}")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+    env = {**as_a_users_python(), "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
     command = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
                f"--callgrind-out-file={out}.%p", sys.executable, str(HERE),
                "--inside", name, way, "--marks", marks]
