@@ -8,8 +8,25 @@ from __future__ import annotations
 import importlib
 import sys
 import types
+from typing import TYPE_CHECKING
 
 from .version import __version__
+
+if TYPE_CHECKING:   # what static readers see (IDEs, the API reference); loaded on first use
+    from . import data
+    from .auto.memory import max_batch_size
+    from .config import ConfigError, TrainConfig
+    from .data import datasets
+    from .entry import fit, watch
+    from .run import Run, TrainingError
+    from .runstore.read import delete_runs, load_run, runs
+    from .tools.autotune import autotune
+    from .tools.compare import compare
+    from .tools.lr_find import lr_find
+    from .tools.profiling import profile
+    from .train.schedule import schedule_preview
+    from .ui.panel import Panel
+    from .views.dashboard import Dashboard
 
 __all__ = ["TrainConfig", "ConfigError", "fit", "watch", "Run", "TrainingError", "schedule_preview",
            "max_batch_size", "compare", "lr_find", "autotune", "profile",
