@@ -372,3 +372,44 @@ def test_a_compiled_forward_taking_a_keyword_named_module():
         compiled(torch.randn(4, 3), module=other).sum().backward()
     assert other.weight.grad is not None
     assert not modules._global_forward_hooks and not modules._global_forward_pre_hooks
+
+
+class CountingScaler(torch.amp.GradScaler):
+    """Counts the steps GradScaler takes the unscale path for, where it reads found_inf
+    back to the host (torch/amp/grad_scaler.py, _maybe_opt_step)."""
+    reads = 0
+
+    def _maybe_opt_step(self, *args, **kwargs):
+        CountingScaler.reads += 1
+        return super()._maybe_opt_step(*args, **kwargs)
+
+
+@pytest.mark.parametrize("impl", ["fused", "foreach"])
+def test_a_loops_own_grad_scaler_hands_the_fused_kernel_its_scale(impl):
+    """The watch's fused AdamW takes a loop's own GradScaler as torch's fused=True does:
+    the kernel unscales and skips on inf, with no found_inf read back per step; the loop
+    updates as it would with the kernel asked for, and the optimizer is left as found."""
+    def loop(opt, model):
+        scaler = CountingScaler("cpu", init_scale=1024.0)
+        x = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
+        for _ in range(4):
+            opt.zero_grad()
+            scaler.scale(model(x).pow(2).mean()).backward()
+            scaler.step(opt)
+            scaler.update()
+    torch.manual_seed(0)
+    model, asked = nn.Linear(4, 1), nn.Linear(4, 1)
+    asked.load_state_dict(model.state_dict())
+    opt = torch.optim.AdamW(model.parameters(), 1e-2)
+    found = dict(vars(opt))
+    CountingScaler.reads = 0
+    with nt.watch(optimizer_impl=impl, amp="off", **QUIET) as run:
+        loop(opt, model)
+    reads = CountingScaler.reads
+    loop(torch.optim.AdamW(asked.parameters(), 1e-2, **{impl: True}), asked)
+    assert run.resolved["optimizer_impl"][0] == impl
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), asked.parameters()))
+    # found_inf read back each step, but with the fused kernel from the second on (the
+    # watch makes it fused in the first step's pre-hook, after GradScaler chose its path)
+    assert reads == (1 if impl == "fused" else 4)
+    assert vars(opt).keys() == found.keys() and opt.param_groups[0]["fused"] is None

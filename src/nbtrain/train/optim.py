@@ -189,16 +189,21 @@ def apply_impl(optimizer: torch.optim.Optimizer, impl: str):
     saved = [(g, {k: g[k] for k in ("fused", "foreach") if k in g}) for g in optimizer.param_groups]
     for group, _ in saved:
         group["fused"], group["foreach"] = impl == "fused", impl == "foreach"
-    had_check = _FUSED_CHECK in vars(optimizer)
+    had = {name: vars(optimizer)[name] for name in (_FUSED_CHECK, _AMP) if name in vars(optimizer)}
+    # as torch's constructors set it: a loop's own GradScaler hands a fused kernel its scale
+    # and inf flag (no found_inf read back each step), and a foreach step none
+    optimizer._step_supports_amp_scaling = impl == "fused"
 
     def restore() -> None:
         for group, flags in saved:
             group.pop("fused", None)
             group.pop("foreach", None)
             group.update(flags)
-        if not had_check:   # the fused kernel's first step sets it: the optimizer as it was
-            vars(optimizer).pop(_FUSED_CHECK, None)
+        for name in (_FUSED_CHECK, _AMP):   # the optimizer's attributes as they were
+            vars(optimizer).pop(name, None)
+        vars(optimizer).update(had)
     return restore
 
 
 _FUSED_CHECK = "_need_device_dtype_check_for_fused"   # torch/optim/optimizer.py
+_AMP = "_step_supports_amp_scaling"                    # torch/amp/grad_scaler.py, step()
