@@ -103,26 +103,34 @@ def test_a_loss_on_another_device_than_the_models_is_kept_there_not_read_each_st
 
 def test_samples_come_from_the_loaders_batches_and_the_model_keeps_its_fast_path():
     """No hook on the model ever (it would travel with a pickle or a deepcopy); the global
-    forward hooks only while the forward needs them (here: autocast)."""
+    forward hooks only until the model is found; where the forward still needs watching
+    (here: autocast) the model's own calls go through its class's __call__, and its
+    layers keep nn.Module's fast path."""
     from torch.nn.modules import module as modules
     x, y = data()
     model = net(dropout=0.0)
     opt = torch.optim.SGD(model.parameters(), 0.1)
-    hooks = []
+    hooks, dtypes = [], []
+    probe = model[0].register_forward_hook(lambda m, i, out: dtypes.append(out.dtype))
 
     def check_and_evaluate(_steps):
         hooks.append((len(model._forward_pre_hooks) + len(model._forward_hooks),
-                      len(modules._global_forward_pre_hooks) + len(modules._global_forward_hooks)))
+                      len(modules._global_forward_pre_hooks) + len(modules._global_forward_hooks),
+                      type(model).__call__ is not nn.Module.__call__))
         with torch.no_grad():   # an evaluation forward between steps: no training samples
             model(x[:100])
     with nt.watch(optimize=False, log_every=4, **QUIET) as run:
         train(model, opt, loader_of(x, y), epochs=1, every_step=check_and_evaluate)
-    assert hooks == [(0, 0)] * 8   # no hook: each forward takes nn.Module's fast path
+    assert hooks == [(0, 0, False)] * 8   # no hook: each forward takes nn.Module's fast path
     assert [r["samples"] for r in run.records("train")] == [4 * 32, 4 * 32]
-    with nt.watch(amp="bf16", log_every=4, **QUIET) as run:   # autocast: the forward is hooked
+    dtypes.clear()
+    with nt.watch(amp="bf16", log_every=4, **QUIET) as run:   # autocast: the call is watched
         train(model, opt, loader_of(x, y), epochs=1, every_step=check_and_evaluate)
-    assert hooks[8:] == [(0, 2)] * 8
+    probe.remove()
+    assert hooks[8:] == [(0, 0, True)] * 8
+    assert dtypes[2::2] == [torch.bfloat16] * 7   # each step's forward after the first
     assert [r["samples"] for r in run.records("train")] == [4 * 32, 4 * 32]   # not the 100s
+    assert type(model).__call__ is nn.Module.__call__ and "__call__" not in vars(type(model))
 
 
 # -- what it changes ---------------------------------------------------------------------------

@@ -146,3 +146,27 @@ def test_fp16_without_an_optimizers_zero_grad_checks_the_first_step_for_inf():
     assert scaled[1] > 1000 * scaled[0]          # from the second step on, scaled
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert run.step == 4
+
+
+def test_without_a_dataloader_the_model_is_watched_through_its_class_after_a_step():
+    """The global forward hooks take every module call off nn.Module's fast path; once a
+    step has shown that no other network feeds the model, its own calls are watched
+    through its class instead (a class attribute: a deepcopy of the model carries none)."""
+    import copy
+    from torch.nn.modules import module as modules
+    model = _small_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = torch.randn(64, 6), torch.randn(64, 1)
+    seen = []
+    with nt.watch(optimize=False, log_every=1, progress=False) as run:
+        for _ in range(4):
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            twin = copy.deepcopy(model)
+            seen.append((len(modules._global_forward_pre_hooks),
+                         type(model).__call__ is not nn.Module.__call__,
+                         len(twin._forward_pre_hooks) + len(twin._forward_hooks)))
+    assert seen == [(1, False, 0)] + [(0, True, 0)] * 3
+    assert [r["samples"] for r in run.records("train")] == [64] * 4
+    assert "__call__" not in vars(type(model)) and not modules._global_forward_pre_hooks

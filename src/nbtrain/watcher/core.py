@@ -69,6 +69,7 @@ class Watcher:
         self._outputs = []              # weak references to the last forward's output tensors
         self._in_model = False          # the model's forward runs (its own modules run)
         self._made = {}                 # storages another network's last forward returned
+        self._fed_by_network = False    # a forward of the model took one of them (a GAN)
 
     @property
     def model(self):
@@ -192,32 +193,74 @@ class Watcher:
     def _wrap_compiled_call(self, original):
         watcher = self
 
+        def traced_without_hooks(module, /, *args, **kwargs):
+            with watcher._forward_hooks_away():
+                return original(module, *args, **kwargs)
+
         def __call__(module, /, *args, **kwargs):
             if watcher.edge.inside or not watcher._forward_hooks:
                 return original(module, *args, **kwargs)
-            try:   # what the hooks would do, as torch's _call_impl runs them
-                changed = watcher._forward_starts(module, args)
-                args = args if changed is None else changed
-                with watcher._forward_hooks_away():
-                    output = original(module, *args, **kwargs)
-            except BaseException:
-                with contextlib.suppress(Exception):   # torch silences an always_call hook's
-                    watcher._forward_ends(module, args, kwargs, None)   # error, for the loop's
-                raise
-            done = watcher._forward_ends(module, args, kwargs, output)
-            return output if done is None else done
+            return watcher._watched_call(traced_without_hooks, module, args, kwargs)
         return __call__
 
-    def _forward_needed(self) -> bool:
-        """Whether the model's forward still needs the hooks (each one takes every module
-        call off nn.Module's fast path: a sixth of what a watch added to a small step,
-        bench/instructions.py)."""
-        return self.edge.model is None or self.loader.training is None or \
-            self.precision.changes_forward() or self.measure.undecided()
+    def _watched_call(self, call, module, args, kwargs):
+        """`call(module, *args, **kwargs)` with what the forward hooks would do around it,
+        as torch's _call_impl runs them."""
+        try:
+            changed = self._forward_starts(module, args)
+            args = args if changed is None else changed
+            output = call(module, *args, **kwargs)
+        except BaseException:
+            with contextlib.suppress(Exception):   # torch silences an always_call hook's
+                self._forward_ends(module, args, kwargs, None)   # error, for the loop's
+            raise
+        done = self._forward_ends(module, args, kwargs, output)
+        return output if done is None else done
+
+    # -- the model's own calls, once no other module's call matters ------------------------
+    def _wrap_model_calls(self) -> bool:
+        """The model's calls through its class's __call__, where that is nn.Module's: a
+        class attribute does not travel with the model (a deepcopy, a pickle) as a hook on
+        it would, and its submodules keep nn.Module's fast path. False for a class with a
+        __call__ of its own (torch.compile's OptimizedModule)."""
+        cls = type(self.edge.model)
+        if cls.__call__ is not torch.nn.Module.__call__:
+            return False
+        self.edge.patches.patch(cls, "__call__", self._wrap_model_call)
+        return True
+
+    def _wrap_model_call(self, original):
+        watcher, model = self, self.edge.model
+
+        @functools.wraps(original)
+        def __call__(module, /, *args, **kwargs):
+            if module is not model or watcher.edge.inside:   # another of the class
+                return original(module, *args, **kwargs)
+            return watcher._watched_call(original, module, args, kwargs)
+        return __call__
+
+    def _every_module_needed(self) -> bool:
+        """Whether the global hooks must stay (each takes every module call off nn.Module's
+        fast path): until the model is found, and without a DataLoader until a step has
+        shown whether another network feeds it (a GAN's generator: its outputs are no
+        samples)."""
+        return self.edge.model is None or (
+            self.loader.training is None and (self._fed_by_network or self.run.step < 1))
+
+    def _model_calls_needed(self) -> bool:
+        """Whether the model's own forward still needs watching: samples without a
+        DataLoader, autocast or channels_last, or a measurement under way."""
+        return self.loader.training is None or self.precision.changes_forward() or \
+            self.measure.undecided()
 
     def _drop_forward_hooks_if_unneeded(self) -> None:
-        if self._forward_hooks and not self._forward_needed():
-            self._remove_forward_hooks()
+        """The global hooks removed once every module's call no longer matters; the model's
+        own calls, where they still do, watched through its class (_wrap_model_calls)."""
+        if not self._forward_hooks or self._every_module_needed():
+            return
+        if self._model_calls_needed() and not self._wrap_model_calls():
+            return
+        self._remove_forward_hooks()
 
     def _forward_starts(self, module, args):
         edge = self.edge
@@ -226,6 +269,7 @@ class Watcher:
         if module is not edge.model:
             if edge.model is None:
                 self._look_for_model(module)
+                self._in_model = module is edge.model   # its layers are no other network
             return None
         if _current_node() is not None:   # recomputed in a backward (checkpointing)
             return None
@@ -272,6 +316,7 @@ class Watcher:
         inputs = _tensors_in(args)
         recurrent = self._outputs and any(ref() is t for t in inputs for ref in self._outputs)
         made = self._made and any(_storage_id(t) in self._made for t in inputs)
+        self._fed_by_network = self._fed_by_network or bool(made)
         if not (recurrent or made):
             self.edge.samples += samples_in(args, kwargs, self._batch_dim)
         self._outputs = [weakref.ref(t) for t in _tensors_in(output)]
@@ -389,6 +434,8 @@ class Watcher:
             if edge.stop_asked():   # Edge.stop_if_asked, inlined: this runs every step
                 raise StopWatching()
             edge.at_boundary = False
+            if self._forward_hooks and edge.trained:   # outside any forward hook's call
+                self._drop_forward_hooks_if_unneeded()
         if not edge.trained:
             self._first_backward(loss)
         self.records.add_loss(loss, edge.samples)
