@@ -108,7 +108,9 @@ def _send(params: list):
     """The all_reduce of the params' gradients, started: one flat float32 tensor, led by a
     has-gradient flag per parameter (a rank without a gradient adds zeros)."""
     missing = [p.grad is None for p in params]
-    has = torch.tensor([0.0 if m else 1.0 for m in missing], device=params[0].device)
+    has = torch.ones(len(params), device=params[0].device)   # filled on the device: no copy
+    if any(missing):   # from the host on this rare path only
+        has[[i for i, m in enumerate(missing) if m]] = 0.0
     flat = torch.cat([has, *[(torch.zeros_like(p) if m else p.grad).reshape(-1).float()
                              for p, m in zip(params, missing)]])
     return flat, missing, dist.all_reduce(flat, async_op=True)
