@@ -389,6 +389,61 @@ def test_prefetcher_copies_the_next_batch_on_the_side_stream_before_yielding(mon
         "step on batch 3"]
 
 
+class HeldElsewhere:
+    """A batch source whose epoch generators a test keeps a reference to, as a traceback
+    may: closing what reads them must close them, not a finalizer at some later time."""
+
+    def __init__(self):
+        self.closed, self.epochs = 0, []
+
+    def __len__(self):
+        return 4
+
+    def epoch(self, epoch, start=0):
+        self.epochs.append(self._batches(start))
+        return self.epochs[-1]
+
+    def _batches(self, start):
+        try:
+            for k in range(start, 4):
+                yield (torch.tensor([k, k]),)
+        finally:
+            self.closed += 1
+
+
+def test_closing_a_prefetcher_or_a_loops_windows_closes_the_epoch_they_read(monkeypatch):
+    """Workers stop and a copied-ahead batch is freed when the loop ends, never in a
+    generator's finalizer (where torch's CUDA sanitizer once crashed)."""
+    from nbtrain.data.prefetch import CudaPrefetcher
+    from nbtrain.train.loop import _windows
+    streams = FakeStreams(monkeypatch, describe=lambda t: f"batch {int(t[0])}")
+    source = HeldElsewhere()
+    batches = CudaPrefetcher(source, streams.move, torch.device("cuda")).epoch(0)
+    next(batches)
+    batches.close()
+    assert source.closed == 1
+    for size in (1, 2):
+        windows = _windows(source.epoch(0), size)
+        next(windows)
+        windows.close()
+    assert source.closed == 3
+
+
+def test_closing_a_loops_windows_stops_the_workers_of_your_loader_at_once(monkeypatch):
+    """A run that stops mid-epoch (Stop, steps=, an error) stops the workers of the user's
+    DataLoader then, resumed epochs skipping what was trained on."""
+    from torch.utils.data import DataLoader
+    from nbtrain.data import batches as batches_module
+    from nbtrain.train.loop import _windows
+    stopped = []
+    monkeypatch.setattr(batches_module, "stop_workers", lambda it, loader: stopped.append(loader))
+    loader = DataLoader(torch.arange(8), batch_size=2)
+    windows = _windows(batches_module.GivenLoader(loader).epoch(0, start=1), 1)
+    assert next(windows)[0].tolist() == [2, 3]
+    windows.close()
+    assert stopped == [loader]
+
+
 class FailsAt:
     """A batch source whose batch `bad` fails to load."""
 

@@ -35,11 +35,13 @@ class Gpu:
 
     def __init__(self, monkeypatch):
         self.t, self.host = 0.0, 0.0   # milliseconds, seconds
+        self.events = 0                 # Event objects made
         gpu = self
 
         class Event:
             def __init__(self, enable_timing=False, **kwargs):
                 self.t = None
+                gpu.events += 1
 
             def record(self, stream=None):
                 self.t = gpu.t
@@ -128,6 +130,21 @@ def test_idle_time_longer_than_the_fetch_is_not_the_datas(monkeypatch):
     end = step(interval, gpu, end, fetch_s=0.001, idle_ms=20.0)   # 20 ms gap, 1 ms fetch
     record = record_of(interval)
     assert record["data_wait_s"] == pytest.approx(0.001)
+
+
+def test_timing_events_are_reused_once_read(monkeypatch):
+    """CUDA events are made once and recorded again after their interval is read (torch
+    pools its own: an event's create and destroy each cost a driver call), and the
+    figures stay each interval's own."""
+    gpu, interval, end = steady(monkeypatch)
+    records = []
+    for _ in range(30):   # 30 records of 5 steps: a 3 ms gap, 1 ms of it the fetch
+        for _ in range(5):
+            end = step(interval, gpu, end, fetch_s=0.001, idle_ms=3.0, compute_ms=7.0)
+        records.append(record_of(interval))
+    assert gpu.events <= 4 * 5 * 2 + 2, gpu.events   # two intervals' worth, not 600
+    assert all(r["data_wait_s"] == pytest.approx(0.001) for r in records)
+    assert all(r["compute_s"] == pytest.approx(0.007) for r in records)
 
 
 # -- bug 2: with prefetch the wait for the copy is copy time --------------------------------

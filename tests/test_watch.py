@@ -780,6 +780,31 @@ def test_amp_fp16_clips_the_true_gradients_where_the_loop_clips(impl):
     assert_left_as_found()
 
 
+def test_amp_fp16_clip_by_keyword_reads_no_tensor_on_the_host(monkeypatch):
+    """clip_grad_norm_(params, max_norm=...) under an fp16 watch with a fused optimizer: the
+    true norm, and no float() of a tensor (torch's clip reads a tensor limit so: a GPU sync
+    every step)."""
+    batches = fp16_batches()
+    reference, watched = net(dropout=0.0), net(dropout=0.0)
+    opt_a = torch.optim.SGD(reference.parameters(), 0.5)
+    opt_b = torch.optim.SGD(watched.parameters(), 0.5)
+    expected, _ = fp16_recipe(reference, opt_a, batches, clip=0.1)
+    reads, norms, to_float = [], [], torch.Tensor.__float__
+    monkeypatch.setattr(torch.Tensor, "__float__", lambda t: reads.append(1) or to_float(t))
+    with nt.watch(amp="fp16", optimizer_impl="fused", **QUIET):
+        for xb, yb in batches:
+            opt_b.zero_grad()
+            F.cross_entropy(watched(xb), yb).backward()
+            norms.append(torch.nn.utils.clip_grad_norm_(watched.parameters(), max_norm=0.1))
+            opt_b.step()
+    assert reads == []
+    monkeypatch.undo()
+    assert [float(n) for n in norms] == pytest.approx(expected, rel=1e-4)
+    for a, b in zip(reference.parameters(), watched.parameters()):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+    assert_left_as_found()
+
+
 # -- channels_last (opt-in) --------------------------------------------------------------------
 def conv_net():
     torch.manual_seed(0)

@@ -198,23 +198,24 @@ class GivenLoader:
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator:
         # Best effort on resume: skip what was consumed (its own sampler may reshuffle).
-        return itertools.islice(stopping_workers(self.loader), start, None)
+        return stopping_workers(self.loader, skip=start)
 
     def sample_indices(self, epoch: int, batch: int) -> Optional[List[int]]:
         return None
 
 
-def stopping_workers(loader: DataLoader) -> Iterator:
-    """The batches of one iter(loader), its worker processes stopped as soon as the epoch
-    ends early (an error, the loop closing it): a failed run's traceback keeps the
-    iterator, which would keep the workers alive as long as the notebook keeps the error."""
+def stopping_workers(loader: DataLoader, skip: int = 0) -> Iterator:
+    """The batches of one iter(loader) after its first `skip`, its worker processes stopped
+    as soon as the epoch ends early (an error, the loop closing it): a failed run's
+    traceback keeps the iterator, which would keep the workers alive as long as the
+    notebook keeps the error."""
     with workers_collect_none_of_ours():
         batches = iter(loader)   # now, not at the first next(): the sampler's epoch is set
 
     def until_done():
         finished = False
         try:
-            yield from batches
+            yield from itertools.islice(batches, skip, None)
             finished = True   # run out: the iterator stopped its workers (or keeps them, persistent)
         finally:
             if not finished:

@@ -1,6 +1,7 @@
 """Copy the next batch to the GPU on a side stream while the current step computes."""
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Iterator
 
 import torch
@@ -46,8 +47,21 @@ class CudaPrefetcher:
         return len(self.source)
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator:
-        yield from copied_ahead(iter(self.source.epoch(epoch, start)), self.move, self.stream,
-                                self.device, self.markers)
+        with closed_at_end(iter(self.source.epoch(epoch, start))) as batches:
+            yield from copied_ahead(batches, self.move, self.stream, self.device, self.markers)
+
+
+@contextlib.contextmanager
+def closed_at_end(batches: Iterator):
+    """`batches`, closed (a generator's `finally`: its workers stopped, its copy freed) as
+    its reader ends, not in a finalizer at some later time, where torch's CUDA sanitizer
+    once crashed."""
+    try:
+        yield batches
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
 
 
 def copied_ahead(batches: Iterator, move: Callable, stream, device: torch.device,

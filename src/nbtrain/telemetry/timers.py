@@ -77,16 +77,29 @@ class CudaTimer:
 
     marks_steps = True
 
-    def __init__(self, device: torch.device, before=None):
+    def __init__(self, device: torch.device, before=None, pool=None):
+        self.pool = [] if pool is None else pool   # events read already: recorded again
         self.steps = []       # per step: (waits, copies, step end, the host's wait in next())
         self._waits, self._copies = [], []
         self.before = before  # the end event of the step just before the first, if any
         self.stream = torch.cuda.current_stream(device)   # the loop's stream on its device
 
     def _mark(self):
-        event = torch.cuda.Event(enable_timing=True)
+        event = self.pool.pop() if self.pool else torch.cuda.Event(enable_timing=True)
         event.record(self.stream)
         return event
+
+    def _release(self) -> None:
+        """The read events back to the pool, all but the last end (the next interval's
+        `before`); this interval's own `before` is done with."""
+        keep = self.steps[-1][2]
+        spent = {id(e): e for waits, copies, end, _ in self.steps
+                 for e in (end, *(x for span in waits + copies for x in span))}
+        if self.before is not None:
+            spent[id(self.before)] = self.before
+        spent.pop(id(keep), None)
+        self.pool.extend(spent.values())
+        self.steps, self.before = [], keep   # read once: a second totals() reads nothing
 
     def wait_started(self) -> None:
         self._w0 = self._mark()
@@ -129,6 +142,7 @@ class CudaTimer:
             gap = host_wait if before is None else _elapsed_s(before, start) - waited
             idle += min(max(gap, 0.0), host_wait)
             before = end
+        self._release()
         return copy, compute, idle
 
 
@@ -192,7 +206,7 @@ class Interval:
         self.device = device
         self.timed = timed
         self._timer_class = NoTimer if not timed else (
-            functools.partial(CudaTimer, device) if device.type == "cuda" else host_timer)
+            functools.partial(CudaTimer, device, pool=[]) if device.type == "cuda" else host_timer)
         self.memory = MemorySampler(device)
         self.diagnosed = (-math.inf, "")   # (when, text) of the last diagnosis (emit.py)
         self.t_start = time.perf_counter()

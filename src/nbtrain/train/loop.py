@@ -17,7 +17,7 @@ from ..auto.devices import autocast_context, intra_op_threads
 from ..auto.losses import outputs_and_loss
 from ..data.batches import length_of
 from ..data.nested import batch_len
-from ..data.prefetch import mark_waits
+from ..data.prefetch import closed_at_end, mark_waits
 from ..run import Run
 from ..telemetry.timers import Interval
 from .emit import flush_interval, log_interval
@@ -249,19 +249,21 @@ def _save_checkpoint(run: Run) -> None:
 
 
 def _windows(batches, size: int):
-    """Group micro-batches for gradient accumulation; the last group may be shorter."""
-    if size == 1:
+    """Group micro-batches for gradient accumulation; the last group may be shorter.
+    Closing it closes the epoch's batches (a prefetcher, workers)."""
+    with closed_at_end(batches):
+        if size == 1:
+            for batch in batches:
+                yield (batch,)
+            return
+        window = []
         for batch in batches:
-            yield (batch,)
-        return
-    window = []
-    for batch in batches:
-        window.append(batch)
-        if len(window) == size:
+            window.append(batch)
+            if len(window) == size:
+                yield tuple(window)
+                window = []
+        if window:
             yield tuple(window)
-            window = []
-    if window:
-        yield tuple(window)
 
 
 def _all_finite(losses) -> bool:

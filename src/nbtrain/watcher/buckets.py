@@ -109,8 +109,8 @@ def _send(params: list):
     has-gradient flag per parameter (a rank without a gradient adds zeros)."""
     missing = [p.grad is None for p in params]
     has = torch.ones(len(params), device=params[0].device)   # filled on the device: no copy
-    if any(missing):   # from the host on this rare path only
-        has[[i for i, m in enumerate(missing) if m]] = 0.0
+    for i in (i for i, m in enumerate(missing) if m):   # a fill each: no host copy
+        has[i] = 0.0
     flat = torch.cat([has, *[(torch.zeros_like(p) if m else p.grad).reshape(-1).float()
                              for p, m in zip(params, missing)]])
     return flat, missing, dist.all_reduce(flat, async_op=True)
@@ -122,8 +122,9 @@ def _write_back(params: list, flat, missing: list, work, world: int) -> None:
     work.wait()
     counts = flat[:len(params)].tolist() if any(missing) else None
     offset = len(params)
+    flat[offset:].div_(world)   # one kernel, not one a parameter
     for i, p in enumerate(params):
-        part = flat[offset:offset + p.numel()].view_as(p).div_(world)
+        part = flat[offset:offset + p.numel()].view_as(p)
         offset += p.numel()
         if not missing[i]:
             p.grad.copy_(part)

@@ -264,25 +264,45 @@ class Precision:
         its true gradients, as with scaler.unscale_(opt) before the clip."""
         part, edge = self, self.edge
         by_norm = original.__name__ == "clip_grad_norm_"
+        name = "max_norm" if by_norm else "clip_value"   # torch's names: either way of passing
 
         @functools.wraps(original)
-        def clip(parameters, limit, *args, **kwargs):
+        def clip(parameters, *args, **kwargs):
+            limit, args = (kwargs.pop(name), args) if name in kwargs else (args[0], args[1:])
             scaler = part.scaler
             # the gradients are true from autograd.grad, or once an optimizer has unscaled
             # them in place
             if scaler is None or edge.inside or not part._grads_scaled or \
                     part._unscaled - part._in_kernel:
                 return original(parameters, limit, *args, **kwargs)
-            # a norm's limit may be a tensor (max_norm / total_norm): the scale stays on the
-            # device; clamp's limits are numbers, read under `inside` (not the loop's read)
+            # a norm is unscaled on the device; clamp's limits are numbers, read under
+            # `inside` (not the loop's read)
             edge.inside = True
             try:
                 scale = scaler._get_scale_async() if by_norm else scaler.get_scale()
             finally:
                 edge.inside = False
+            if by_norm and _TOTAL_NORM is not None:
+                return _clip_norm_of_scaled(parameters, limit, scale, *args, **kwargs)
             result = original(parameters, limit * scale, *args, **kwargs)
             return result / scale if isinstance(result, torch.Tensor) else result
         return clip
+
+
+# torch >= 2.6: clip_grad_norm_'s two halves, so that the limit stays a number
+_TOTAL_NORM = getattr(torch.nn.utils, "get_total_norm", None)
+
+
+def _clip_norm_of_scaled(parameters, max_norm, scale, norm_type=2.0,
+                         error_if_nonfinite=False, foreach=None):
+    """clip_grad_norm_ to the true `max_norm` of gradients scaled by `scale`, a device
+    tensor: the norm unscaled on the device, since torch's clip reads a tensor limit with
+    float(), a sync every step."""
+    params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = _TOTAL_NORM(grads, norm_type, error_if_nonfinite, foreach) / scale
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach)
+    return norm
 
 
 def bf16_key(model, device) -> tuple:
