@@ -295,9 +295,11 @@ def test_the_bf16_trial_runs_on_the_loops_own_steps_and_decides(monkeypatch, tmp
 
 
 # -- a torch.compile'd model -------------------------------------------------------------------
-def compiled_program(compile_inside: bool, watched: bool):
-    """The torch.compile tutorial's shape: compile, then steps on batches made in the loop.
-    Returns (the model's weights, torch.compile's frames, the warnings the program saw)."""
+def compiled_program(when: str, watched: bool):
+    """The torch.compile tutorial's shape: compile (before the watch, inside it, or after 3
+    eager steps, once the watch has its model's calls through its class), then steps on
+    batches made in the loop. Returns (the model's weights, torch.compile's frames, the
+    warnings the program saw)."""
     import warnings
 
     import torch._dynamo.utils as dynamo_utils
@@ -305,13 +307,14 @@ def compiled_program(compile_inside: bool, watched: bool):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
     opt = torch.optim.Adam(model.parameters())
-    compiled = None if compile_inside else torch.compile(model)
+    compiled = torch.compile(model) if when == "before" else model
     dynamo_utils.counters.clear()
     with warnings.catch_warnings(record=True) as seen, \
             (nt.watch(optimize=False, **QUIET) if watched else contextlib.nullcontext()):
         warnings.simplefilter("always")
-        compiled = compiled or torch.compile(model)
-        for _ in range(6):
+        for step in range(6):
+            if step == {"inside": 0, "after eager steps": 3}.get(when):
+                compiled = torch.compile(model)
             opt.zero_grad()
             F.cross_entropy(compiled(torch.randn(8, 16)), torch.randint(0, 4, (8,))).backward()
             opt.step()
@@ -319,13 +322,14 @@ def compiled_program(compile_inside: bool, watched: bool):
     return model, frames, [str(w.message) for w in seen]
 
 
-@pytest.mark.parametrize("compile_inside", [False, True], ids=["compiled before", "inside"])
-def test_a_compiled_model_is_compiled_as_unwatched_and_warned_of_nothing(compile_inside):
+@pytest.mark.parametrize("when", ["before", "inside", "after eager steps"])
+def test_a_compiled_model_is_compiled_as_unwatched_and_warned_of_nothing(when):
     """The watch's global hooks would make torch.compile trace every submodule's slow path,
-    compile again where they come and go, and warn the loop of hooks it never set."""
+    compile again where they come and go, and warn the loop of hooks it never set; a
+    model compiled after the watch wraps its class's calls compiles as unwatched too."""
     before = (torch.compile, torch._dynamo.eval_frame.OptimizedModule.__call__)
-    plain, plain_frames, plain_warnings = compiled_program(compile_inside, watched=False)
-    watched, frames, warned = compiled_program(compile_inside, watched=True)
+    plain, plain_frames, plain_warnings = compiled_program(when, watched=False)
+    watched, frames, warned = compiled_program(when, watched=True)
     assert same(plain, watched)
     assert frames == plain_frames and warned == plain_warnings == []
     assert (torch.compile, torch._dynamo.eval_frame.OptimizedModule.__call__) == before
