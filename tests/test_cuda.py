@@ -15,6 +15,16 @@ from conftest import mlp, quick
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
+@pytest.fixture(autouse=True)
+def nothing_of_cuda_left_to_the_exit():
+    """Each test's CUDA objects freed after it, not at the interpreter's exit, where torch's
+    CUDA sanitizer (bench/gpu.sh runs these tests under it) may be half torn down."""
+    yield
+    import gc
+    gc.collect()
+    torch.cuda.synchronize()
+
+
 def gpu(**overrides) -> nt.TrainConfig:
     return quick(**{"device": "cuda", "batch_size": 64, **overrides})
 
