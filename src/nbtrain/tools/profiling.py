@@ -14,7 +14,8 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from typing import Callable, List, Optional
+from collections import Counter
+from typing import Callable, List, NamedTuple, Optional
 
 import torch
 
@@ -201,6 +202,12 @@ def _memory_history(path: Optional[str]):
 
 
 # -- host syncs on CUDA ------------------------------------------------------------------------
+def _is_sync(caught) -> bool:
+    """A warning of torch.cuda.set_sync_debug_mode("warn"): c10's warn_or_error_on_sync
+    says "called a synchronizing CUDA operation"."""
+    return "synchroniz" in str(caught.message)
+
+
 def host_syncs(fn: Callable[[], object]) -> int:
     """How many CUDA calls in `fn()` made the host wait for the GPU (a `.item()`, a copy to
     the host, ...): torch.cuda.set_sync_debug_mode("warn") warns at each (c10's
@@ -213,11 +220,103 @@ def host_syncs(fn: Callable[[], object]) -> int:
             fn()
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in caught)
+    return sum(_is_sync(w) for w in caught)
 
 
-def host_syncs_per_step(train: Callable[[int], Callable[[], object]], short: int = 20,
-                        long: int = 40) -> float:
-    """The host syncs of the steps alone: `train(steps)` gives a call that trains that many
-    steps; a long run's syncs less a short run's (the setup's are alike), per step."""
-    return (host_syncs(train(long)) - host_syncs(train(short))) / (long - short)
+class StepSyncs(NamedTuple):
+    """The host syncs of one run's steps (`step_syncs`)."""
+    per_step: float
+    steps: int          # the steps counted
+    sources: Counter    # (filename, lineno) of the Python line each sync came from -> how many
+
+
+class _SyncWindow:
+    """set_sync_debug_mode("warn") from step `first`'s end (0: the run's start) to step
+    `last`'s end, of the first Run seen; notes where in `caught` that span begins and ends."""
+
+    def __init__(self, first: int, last: int, caught: list):
+        self.first, self.last, self.caught = first, last, caught
+        self.run = self.begin = self.end = None
+
+    def at_boundary(self, run) -> None:
+        """Called as a run starts and after each of its steps."""
+        if self.run is None:
+            self.run = run
+        if run is not self.run or self.end is not None:
+            return
+        if self.begin is None and run.step == self.first:
+            self.begin = len(self.caught)
+            torch.cuda.set_sync_debug_mode("warn")
+        elif self.begin is not None and run.step >= self.last:
+            self.close()
+
+    def close(self) -> None:
+        """Back to the default mode: at the last step's end, or where the run ended."""
+        if self.begin is not None and self.end is None:
+            torch.cuda.set_sync_debug_mode("default")
+            self.end = len(self.caught)
+
+
+@contextlib.contextmanager
+def _step_boundaries(call: Callable[[object], None]):
+    """`call(run)` as any Run starts and after each step it counts (Run.advance: fit's loop
+    and the watch's steps alike), while the block runs; Run's own methods put back after."""
+    from ..run import Run
+    start, advance = Run.start, Run.advance
+
+    def started(self, *args, **kwargs):
+        call(self)   # before a background fit's thread can take its first step
+        start(self, *args, **kwargs)
+
+    def advanced(self, *args, **kwargs):
+        advance(self, *args, **kwargs)
+        call(self)
+    Run.start, Run.advance = started, advanced
+    try:
+        yield
+    finally:
+        Run.start, Run.advance = start, advance
+
+
+def step_syncs(train: Callable[[int], Callable[[], object]], steps: int = 40,
+               warmup: int = 0) -> StepSyncs:
+    """The host syncs of one run's steps alone, and where they come from: `train(steps)`
+    gives a call that trains (nt.fit or a loop under nt.watch) `steps` steps; the syncs are
+    counted from the end of step `warmup` (0: the first step's start, after the setup) to
+    the end of the last step, so the setup's and the end's are not. A run that ends before
+    its last step is an AssertionError, not a figure divided by steps that never ran."""
+    import warnings
+    if not 0 <= warmup < steps:
+        raise ValueError(f"step_syncs needs 0 <= warmup < steps; got {warmup}, {steps}")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        window = _SyncWindow(warmup, steps, caught)
+        try:
+            with _step_boundaries(window.at_boundary):
+                train(steps)()
+        finally:
+            window.close()
+    done = window.run.step if window.run is not None else 0
+    if window.end is None or done != steps:
+        raise AssertionError(f"the run did {done} of its {steps} steps: no syncs per step")
+    syncs = [w for w in caught[window.begin:window.end] if _is_sync(w)]
+    return StepSyncs(len(syncs) / (steps - warmup), steps - warmup,
+                     Counter((w.filename, w.lineno) for w in syncs))
+
+
+def sources_text(sources: Counter, top: int = 5) -> str:
+    """The lines the most syncs came from: "torch/amp/grad_scaler.py:371 x40, ..."."""
+    def short(filename):
+        return "/".join(filename.replace(os.sep, "/").split("/")[-2:])
+    return ", ".join(f"{short(f)}:{line} x{n}" for (f, line), n in sources.most_common(top))
+
+
+def host_syncs_per_step(train: Callable[[int], Callable[[], object]], steps: int = 40,
+                        warmup: int = 0) -> float:
+    """The host syncs per step of one run's steps (`step_syncs`); prints where they came
+    from (a failing test's captured output shows it)."""
+    found = step_syncs(train, steps, warmup)
+    if found.sources:
+        print(f"{found.per_step:.2f} host syncs per step over {found.steps} steps, from "
+              f"{sources_text(found.sources)}")
+    return found.per_step
