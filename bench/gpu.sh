@@ -14,8 +14,9 @@
 #                  raise)                                                          60 s
 #   data_paths     bench/gpu.py: pinned vs pageable GB/s, each data path's
 #                  samples/s, GPU idle (profiler) against nbtrain's data wait,
-#                  copy/compute overlap with prefetch, MFU, the diagnosis; a
-#                  copy-bound case; syncs per step                               150 s
+#                  copy/compute overlap with prefetch against a plain-torch
+#                  side-stream copy, copies by name (pinned/pageable), MFU, the
+#                  diagnosis; a copy-bound case; syncs per step and their lines  150 s
 #   precision_mfu  bench/gpu_mfu.py: AMP bf16/fp16 against TF32 and fp32 for a
 #                  conv net and a transformer block, MFU with the prefetch on    150 s
 #   own_loop       bench/own_loop.py --device cuda: nt.watch on the tutorial loop
