@@ -203,18 +203,21 @@ class Watcher:
             return watcher._watched_call(traced_without_hooks, module, args, kwargs)
         return __call__
 
-    def _watched_call(self, call, module, args, kwargs):
+    def _watched_call(self, call, module, args, kwargs, model_only: bool = False):
         """`call(module, *args, **kwargs)` with what the forward hooks would do around it,
-        as torch's _call_impl runs them."""
+        as torch's _call_impl runs them; `model_only`: `module` is the model, called
+        neither traced nor nested (the model's class's own calls)."""
+        starts, ends = (self._model_starts, self._model_ends) if model_only else \
+            (self._forward_starts, self._forward_ends)
         try:
-            changed = self._forward_starts(module, args)
+            changed = starts(module, args)
             args = args if changed is None else changed
             output = call(module, *args, **kwargs)
         except BaseException:
             with contextlib.suppress(Exception):   # torch silences an always_call hook's
-                self._forward_ends(module, args, kwargs, None)   # error, for the loop's
+                ends(module, args, kwargs, None)   # error, for the loop's
             raise
-        done = self._forward_ends(module, args, kwargs, output)
+        done = ends(module, args, kwargs, output)
         return output if done is None else done
 
     # -- the model's own calls, once no other module's call matters ------------------------
@@ -234,9 +237,9 @@ class Watcher:
 
         @functools.wraps(original)
         def __call__(module, /, *args, **kwargs):
-            if module is not model or watcher.edge.inside:   # another of the class
-                return original(module, *args, **kwargs)
-            return watcher._watched_call(original, module, args, kwargs)
+            if module is not model or watcher.edge.inside or is_compiling():   # another of
+                return original(module, *args, **kwargs)                      # the class
+            return watcher._watched_call(original, module, args, kwargs, model_only=True)
         return __call__
 
     def _every_module_needed(self) -> bool:
@@ -271,8 +274,14 @@ class Watcher:
                 self._look_for_model(module)
                 self._in_model = module is edge.model   # its layers are no other network
             return None
+        return self._model_starts(module, args)
+
+    def _model_starts(self, model, args):
+        """The model's forward starts, neither traced nor nested: the step's start without a
+        DataLoader, a stop asked for, autocast. The args changed, or None."""
         if _current_node() is not None:   # recomputed in a backward (checkpointing)
             return None
+        edge = self.edge
         self._in_model = True
         if edge.at_boundary:
             edge.stop_if_asked()
@@ -300,6 +309,11 @@ class Watcher:
             elif not self._in_model and self.loader.training is None:
                 self._note_made(module, output)
             return None
+        return self._model_ends(module, args, kwargs, output)
+
+    def _model_ends(self, model, args, kwargs, output):
+        """The model's forward ends, neither traced nor nested: its samples counted without
+        a DataLoader, autocast left. The output changed, or None."""
         if _current_node() is not None:
             return None
         self._in_model = False
@@ -313,13 +327,15 @@ class Watcher:
         RNN fed its hidden state a word at a time goes on with the same samples), or what
         shares its storage with another network's last output (a GAN's discriminator fed
         its generator's fakes, detached or not, takes the step's batch once, the real one)."""
-        inputs = _tensors_in(args)
+        first = args[0] if len(args) == 1 else None   # `model(x)`: no call to find the tensor
+        inputs = [first] if isinstance(first, torch.Tensor) else _tensors_in(args)
         recurrent = self._outputs and any(ref() is t for t in inputs for ref in self._outputs)
         made = self._made and any(_storage_id(t) in self._made for t in inputs)
         self._fed_by_network = self._fed_by_network or bool(made)
         if not (recurrent or made):
             self.edge.samples += samples_in(args, kwargs, self._batch_dim)
-        self._outputs = [weakref.ref(t) for t in _tensors_in(output)]
+        self._outputs = [weakref.ref(output)] if isinstance(output, torch.Tensor) else \
+            [weakref.ref(t) for t in _tensors_in(output)]
 
     def _note_made(self, module, output) -> None:
         """Without a DataLoader: the output of a network other than the model, run with
