@@ -109,8 +109,9 @@ def _send(params: list):
     has-gradient flag per parameter (a rank without a gradient adds zeros)."""
     missing = [p.grad is None for p in params]
     has = torch.ones(len(params), device=params[0].device)   # filled on the device: no copy
-    for i in (i for i, m in enumerate(missing) if m):   # a fill each: no host copy
-        has[i] = 0.0
+    for i, m in enumerate(missing):
+        if m:   # a fill: no copy from the host
+            has[i] = 0.0
     flat = torch.cat([has, *[(torch.zeros_like(p) if m else p.grad).reshape(-1).float()
                              for p, m in zip(params, missing)]])
     return flat, missing, dist.all_reduce(flat, async_op=True)

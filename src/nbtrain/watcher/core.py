@@ -237,8 +237,9 @@ class Watcher:
 
         @functools.wraps(original)
         def __call__(module, /, *args, **kwargs):
-            if module is not model or watcher.edge.inside or is_compiling():   # another of
-                return original(module, *args, **kwargs)                      # the class
+            # another of the class, a nested call, or torch.compile tracing: as it is
+            if module is not model or watcher.edge.inside or is_compiling():
+                return original(module, *args, **kwargs)
             return watcher._watched_call(original, module, args, kwargs, model_only=True)
         return __call__
 
