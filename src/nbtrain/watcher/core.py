@@ -328,15 +328,13 @@ class Watcher:
         RNN fed its hidden state a word at a time goes on with the same samples), or what
         shares its storage with another network's last output (a GAN's discriminator fed
         its generator's fakes, detached or not, takes the step's batch once, the real one)."""
-        first = args[0] if len(args) == 1 else None   # `model(x)`: no call to find the tensor
-        inputs = [first] if isinstance(first, torch.Tensor) else _tensors_in(args)
+        inputs = _tensors_in(args)
         recurrent = self._outputs and any(ref() is t for t in inputs for ref in self._outputs)
         made = self._made and any(_storage_id(t) in self._made for t in inputs)
         self._fed_by_network = self._fed_by_network or bool(made)
         if not (recurrent or made):
             self.edge.samples += samples_in(args, kwargs, self._batch_dim)
-        self._outputs = [weakref.ref(output)] if isinstance(output, torch.Tensor) else \
-            [weakref.ref(t) for t in _tensors_in(output)]
+        self._outputs = [weakref.ref(t) for t in _tensors_in(output)]
 
     def _note_made(self, module, output) -> None:
         """Without a DataLoader: the output of a network other than the model, run with
@@ -576,6 +574,11 @@ def _tensors_in(value, depth: int = 2) -> list:
     `(out, (h, c))`)."""
     if isinstance(value, torch.Tensor):
         return [value]
+    found = []
     if depth and isinstance(value, (tuple, list)):
-        return [t for item in value for t in _tensors_in(item, depth - 1)]
-    return []
+        for item in value:   # a call only for an item that is no tensor (it runs every forward)
+            if isinstance(item, torch.Tensor):
+                found.append(item)
+            else:
+                found.extend(_tensors_in(item, depth - 1))
+    return found

@@ -8,9 +8,10 @@ data-parallel from outside.
 - the model's parameters and buffers start as rank 0's (broadcast at its first forward);
 - the model's gradients are averaged over the ranks while each backward runs, in buckets
   as DDP's reducer sends them (buckets.py); with the loss a mean over the batch, the update
-  is that of the whole global batch. With gradient accumulation each micro-batch's share is averaged in
-  turn (the average of an average plus the new part is the average of the sum); a
-  closure's evaluations (LBFGS) and hand updates after backward() see averaged gradients.
+  is that of the whole global batch. With gradient accumulation each micro-batch's share
+  is averaged in turn (the average of an average plus the new part is the average of the
+  sum); a closure's evaluations (LBFGS) and hand updates after backward() see averaged
+  gradients.
   Gradients no backward of the model made (another model's, set by hand) are averaged
   the same way before the optimizer's step, ahead of an fp16 step's inf check, so every
   rank skips the same steps.
