@@ -32,21 +32,26 @@ def test_import_nbtrain_loads_none_of_the_heavy_modules():
     assert loaded == []
 
 
-def test_a_watch_loads_neither_the_fit_loop_nor_the_tools_nor_joblib():
+def test_a_watch_loads_neither_the_fit_loop_nor_the_tools_nor_what_measuring_needs():
     """The first `with nt.watch()` around a tiny loop loads the watcher and what it
-    shares, none of what only fit, the tools or a notebook need."""
-    fit_only = ["nbtrain.train.loop", "nbtrain.train.prepare", "nbtrain.train.failure",
-                "nbtrain.auto.workers", "nbtrain.tools.autotune", "nbtrain.tools.compare",
-                "nbtrain.runstore.read", "nbtrain.views.dashboard", "nbtrain.ui.magic",
-                "joblib", "ipywidgets", "plotly", "IPython", "html"]
+    shares, none of what only fit, the tools or a notebook need, nor what only measuring
+    (the FLOP counter, statistics), N processes or the store's writer thread need."""
+    not_needed = ["nbtrain.train.loop", "nbtrain.train.prepare", "nbtrain.train.failure",
+                  "nbtrain.auto.workers", "nbtrain.tools.autotune", "nbtrain.tools.compare",
+                  "nbtrain.runstore.read", "nbtrain.views.dashboard", "nbtrain.ui.magic",
+                  "joblib", "ipywidgets", "plotly", "IPython", "html",
+                  "nbtrain.auto.flops", "statistics", "fractions", "nbtrain.watcher.ranks",
+                  "sqlite3", "secrets"]
     loaded = _fresh(
         "import json, sys, torch\n"
         "model = torch.nn.Linear(4, 1); opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "before = set(sys.modules)\n"
         "import nbtrain as nt\n"
         "with nt.watch(progress=False, store=False) as run:\n"
         "    for _ in range(3):\n"
         "        opt.zero_grad(); model(torch.randn(8, 4)).pow(2).mean().backward(); opt.step()\n"
-        f"print(json.dumps([run.step] + [m for m in {fit_only!r} if m in sys.modules]))")
+        f"print(json.dumps([run.step] + [m for m in {not_needed!r} "
+        f"if m in sys.modules and m not in before]))")
     assert loaded == [3]
 
 

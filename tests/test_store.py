@@ -118,6 +118,16 @@ def test_a_watch_is_stored_listed_and_loaded_equal_to_the_live_run(blobs, db):
     same_run(nt.load_run(run.id, store=db), run)
 
 
+def test_the_stored_machine_says_what_platform_says(blobs, db):
+    """The writer builds the platform's text itself (platform.platform() reads the whole
+    Python binary for its libc): the same text, on this Linux."""
+    import platform
+    run = fit(blobs, db)
+    loaded = nt.load_run(run.id, store=db)
+    assert loaded.machine["platform"] == platform.platform()
+    assert loaded.machine["python"] == platform.python_version()
+
+
 def test_a_watch_named_through_its_config(blobs, db):
     x, y = blobs
     model = mlp()

@@ -10,7 +10,7 @@ import warnings
 from typing import Callable, Dict, List, Optional, Tuple
 
 from .auto.compiling import warmup_split
-from .auto.flops import percent, rate_fields
+from .auto.rates import percent, rate_fields
 from .config import TrainConfig
 from .tables import plain
 

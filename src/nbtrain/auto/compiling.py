@@ -11,9 +11,10 @@ of the intervals after a recompile.
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from typing import Callable
+
+from .precision import median
 
 SLOW = 2.0   # an interval whose steps took this many times the median waited for a compile
 COMPILE_CHECK_STEPS = 8   # compile_check: an eager warm-up, then 3 timed passes of each
@@ -95,10 +96,10 @@ def warmup_split(train: list) -> dict:
     beyond the median is the warm-up, the others give the steady throughput."""
     if len(train) < 2:
         return {}
-    median = statistics.median(r["step_time_s"] for r in train)
-    slow = [r for r in train if r["step_time_s"] > SLOW * median]
-    steady = [r for r in train if r["step_time_s"] <= SLOW * median]
-    waited = sum(r["interval_s"] - r["steps"] * median for r in slow)
+    typical = median([r["step_time_s"] for r in train])
+    slow = [r for r in train if r["step_time_s"] > SLOW * typical]
+    steady = [r for r in train if r["step_time_s"] <= SLOW * typical]
+    waited = sum(r["interval_s"] - r["steps"] * typical for r in slow)
     seconds = sum(r["interval_s"] for r in steady)
     return {"compile_warmup_s": waited,
             "steady_samples_per_s": sum(r["samples"] for r in steady) / seconds if seconds else 0.0}

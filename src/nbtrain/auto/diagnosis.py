@@ -8,7 +8,7 @@ import torch
 
 from ..machine import available_cores, cpu_bf16_feature, gpu_has_bf16
 from .compiling import compile_findings
-from .flops import percent
+from .rates import percent
 
 INPUT_BOUND = 0.25     # a quarter of the step waiting for data is worth fixing first
 # MFU bands (see flops.py). Large dense models reach 40-60% on GPUs (PaLM: 46%; nanoGPT's

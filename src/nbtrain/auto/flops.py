@@ -25,7 +25,7 @@ sides are measured here, once per run, before step 1:
   otherwise): the peak is then the two weighted by the counted FLOPs (`run_peak`).
 
 Both land in `run.resolved` with where they came from; each train record then carries
-`tflops` (achieved) and `mfu` (`rate_fields`).
+`tflops` (achieved) and `mfu` (rates.py's `rate_fields`).
 """
 from __future__ import annotations
 
@@ -390,21 +390,6 @@ def run_peak(device: torch.device, amp: str, threads: int, conv_fraction: float)
     value = 1.0 / (conv_fraction / conv_peak + (1.0 - conv_fraction) / mm_peak)
     return value, (f"{conv_fraction:.0%} of the FLOPs in convolutions at {convs} "
                    f"({conv_peak:g}), the rest at {matmuls} ({mm_peak:g}): {conv_source}")
-
-
-def rate_fields(record: dict, resolved: dict) -> dict:
-    """A train record's achieved TFLOP/s and MFU (empty when FLOPs were not counted)."""
-    flops = resolved.get("flops_per_step", (None, ""))[0]
-    if not flops:
-        return {}
-    tflops = flops * record["steps"] / record["interval_s"] / 1e12
-    peak = resolved.get("peak_tflops", (None, ""))[0]
-    return {"tflops": tflops, "mfu": tflops / peak} if peak else {"tflops": tflops}
-
-
-def percent(mfu: float) -> str:
-    """An MFU as people read it: 12%, or 0.4% where a whole percent would say 0%."""
-    return f"{mfu:.0%}" if mfu >= 0.095 else f"{mfu:.1%}"
 
 
 def _name_of(fn) -> str:

@@ -34,16 +34,17 @@ import json
 import math
 import os
 import platform
-import secrets
 import socket
-import sqlite3
 import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Dict, List, Optional, Union
+from typing import TYPE_CHECKING, Dict, List, Optional, Union
 
 from ..run import Run
+
+if TYPE_CHECKING:
+    import sqlite3
 
 FILE_NAME = "runs.sqlite"
 COMMIT_EVERY_S = 1.0      # the most a SIGKILL loses; one transaction per second at most
@@ -92,7 +93,7 @@ def path_of(store: Union[bool, str, os.PathLike, None] = True) -> Optional[Path]
 
 def new_id() -> str:
     """A run's id: when it started and 4 random hex digits, "250131-142501-9f3a"."""
-    return f"{time.strftime('%y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    return f"{time.strftime('%y%m%d-%H%M%S')}-{os.urandom(2).hex()}"
 
 
 @functools.lru_cache(maxsize=1)
@@ -125,13 +126,24 @@ def machine() -> dict:
     import torch
 
     from ..machine import cpu_model
-    info = {"host": socket.gethostname(), "platform": platform.platform(),
+    info = {"host": socket.gethostname(), "platform": platform_text(),
             "python": platform.python_version(), "torch": torch.__version__,
             "cpu": cpu_model(), "cores": os.cpu_count()}
     if torch.cuda.is_available():
         with contextlib.suppress(Exception):
             info["gpu"] = torch.cuda.get_device_name(0)
     return info
+
+
+def platform_text() -> str:
+    """What platform.platform() says ("Linux-6.1.0-x86_64-with-glibc2.36") without its
+    libc_ver(), which reads the whole Python binary: 1.5-10 ms of the writer's first begin,
+    beside the loop's first step."""
+    uname = platform.uname()
+    libc = ""
+    with contextlib.suppress(AttributeError, ValueError, OSError):   # not glibc: not said
+        libc = "-with-" + os.confstr("CS_GNU_LIBC_VERSION").replace(" ", "")
+    return f"{uname.system}-{uname.release}-{uname.machine}{libc}"
 
 
 def _json(value) -> str:
@@ -233,6 +245,7 @@ class Writer:
 
     def _write(self, items: List[tuple]) -> str:
         """One transaction for `items`: "ok", "locked" (try again) or "broken"."""
+        import sqlite3   # the writer thread's alone: a run's start does not load it
         if self._conn is None and not self._open(items):
             self.dropped += sum(item[0] == "record" for item in items)
             return "broken"
@@ -265,6 +278,7 @@ class Writer:
 
     def _open(self, items: List[tuple]) -> bool:
         """Connect, on the first write and after a failure (when a new run begins)."""
+        import sqlite3
         if self.problem and not any(item[0] == "begin" for item in items):
             return False   # broken: tried again when the next run begins
         try:
@@ -307,6 +321,7 @@ class Writer:
 
     def _close(self) -> None:
         if self._conn is not None:
+            import sqlite3
             with contextlib.suppress(sqlite3.Error):
                 self._conn.close()
             self._conn = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-from ..auto import flops
+from ..auto.rates import rate_fields
 from ..auto.diagnosis import diagnose
 from ..run import Run
 from ..telemetry.timers import Interval
@@ -27,7 +27,7 @@ DIAGNOSE_EVERY_S = 0.25   # records closer together carry the last diagnosis
 def _emit_train(run: Run, record: Optional[dict], interval: Interval, last: bool = False) -> None:
     if record is None:
         return
-    record.update(flops.rate_fields(record, run.resolved))
+    record.update(rate_fields(record, run.resolved))
     if interval.timed:
         record["diagnosis"] = _diagnosis(run, record, interval, last)
     run.emit(record)

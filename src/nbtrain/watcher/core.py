@@ -36,7 +36,6 @@ from .edge import Edge, StopWatching
 from .loader import Loader, batch_dim_of, samples_in
 from .measure import Measure
 from .precision import TRIAL, Precision
-from .ranks import DataParallel
 from .records import Records
 from .settings import AS_WRITTEN
 from .steps import Steps
@@ -61,7 +60,7 @@ class Watcher:
         self.records = Records(edge, self.loader, record_floor_s)
         self.steps = Steps(edge, self.precision, self.records, self.measure,
                            first_sign=self._first_sign)
-        self.ranks = None if ranks is None else DataParallel(edge, self.loader, *ranks)
+        self.ranks = None if ranks is None else _data_parallel(edge, self.loader, ranks)
         self.loader.ranks = self.ranks
         self._depth = 0                 # module calls in progress, until the model is found
         self._forward_hooks = []        # the global forward hooks' handles, while needed
@@ -521,6 +520,13 @@ class Watcher:
         if self.loader.training is not None:
             seen = f"batches of a DataLoader; {seen}"
         return f"nt.watch saw no training step: {seen}"
+
+
+def _data_parallel(edge, loader, ranks: tuple):
+    """This rank's data-parallel part (ranks.py), loaded by a watch of N processes only:
+    torch.distributed is not a single process's start."""
+    from .ranks import DataParallel
+    return DataParallel(edge, loader, *ranks)
 
 
 def _read_once(value):

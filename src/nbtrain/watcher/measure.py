@@ -18,14 +18,13 @@ Nothing here draws from the loop's RNG. `run.resolved["measuring_s"]` says what 
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from typing import Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..auto import budget, flops
+from ..auto import budget
 from ..auto.precision import (
     MIN_BF16_GAIN,
     bf16_blocks,
@@ -34,6 +33,7 @@ from ..auto.precision import (
     decide,
     drop_bf16_blocks,
     keep_bf16_blocks,
+    median,
     remember_bf16_gain,
 )
 from ..machine import load_now
@@ -140,6 +140,7 @@ class Measure:
                 self.count = "due"
             return
         if self._peak_due:
+            from ..auto import flops   # each use loads it: a watch measuring nothing never does
             cost = 0.0 if flops.peak_known(self.edge.device, self.precision.amp) else PEAK_PROBE_S
             if self._affordable(cost, now):
                 self._probe_peak()
@@ -228,12 +229,14 @@ class Measure:
         self._set_flops(total, share, how)
 
     def _set_flops(self, total: int, share: float, how: str) -> None:
+        from ..auto import flops
         self._conv_share = share
         self.edge.run.resolved["flops_per_step"] = (
             total, f"{total / 1e9:.4g} GFLOP: {flops.COUNTED}, {how} (torch's FLOP formulas)")
 
     # -- 3. the peak --------------------------------------------------------------------------
     def _probe_peak(self) -> None:
+        from ..auto import flops
         started, edge = time.perf_counter(), self.edge
         edge.inside = True
         try:
@@ -391,7 +394,7 @@ class Bf16Trial:
         """A bf16 step's cost beyond fp32: at half speed, or what the last bf16 blocks
         measured (their median: one slow block does not stop the trial), where that is
         more. A first block's cost is known only once it has run."""
-        return max(step_s, statistics.median(self.extras)) if self.extras else step_s
+        return max(step_s, median(self.extras)) if self.extras else step_s
 
     def _steps(self, step_s: float) -> int:
         """BLOCK_S of steps, at least BLOCK_STEPS; where the model's last run was short, as
@@ -448,7 +451,7 @@ class Bf16Trial:
     def take_extra_s(self) -> float:
         """What the bf16 blocks run since the last call cost beyond fp32's pace (the median
         fp32 block's, or the loop's before the unit where none has run)."""
-        fp32 = statistics.median(self.per_step["off"]) if self.per_step["off"] else self._pace
+        fp32 = median(self.per_step["off"]) if self.per_step["off"] else self._pace
         extras = [(max(t - fp32, 0.0), steps) for t, steps in self._unit_bf16]
         # a trial's bf16 blocks at most: what the loop costs now, not long ago
         self.extras = (self.extras + [e for e, _ in extras])[-self.ORDER.count("bf16"):]
@@ -456,7 +459,7 @@ class Bf16Trial:
         return sum(e * steps for e, steps in extras)
 
     def gain(self) -> float:
-        return statistics.median(self.per_step["off"]) / statistics.median(self.per_step["bf16"])
+        return median(self.per_step["off"]) / median(self.per_step["bf16"])
 
     def verdict(self):
         """(keep bf16, the median gain, why): `decide`, with fp32 as the default (the loop as
