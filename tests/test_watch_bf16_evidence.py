@@ -145,6 +145,16 @@ def test_a_bf16_slower_than_the_estimate_stops_the_next_runs_blocks(clock):
     assert blocks_kept(key)["extras"] == [pytest.approx(3e-3)]
 
 
+def test_a_bf16_block_slower_than_its_estimate_ends_at_its_allowance(clock):
+    """bf16 4x slower on a first run long enough for the warm-up: its block of 30 steps was
+    allowed 30 ms beyond fp32 (half speed) and would take 90 ms; it ends once it has cost
+    that, and the run's measuring stays within 5% of it."""
+    run, ran, _ = run_loop(clock, bf16_s=4e-3, steps=700)
+    spent = run.resolved["measuring_s"][0]
+    assert spent == pytest.approx(30e-3)   # 10 bf16 steps, 3 ms beyond fp32 each
+    assert spent <= budget.SHARE * ran
+
+
 def test_blocks_measured_under_another_load_are_dropped(clock, monkeypatch):
     run_loop(clock)
     key = run_loop(clock)[2]

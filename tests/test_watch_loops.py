@@ -245,7 +245,7 @@ def trial_with(fp32_s: list, bf16_s: list) -> Bf16Trial:
         per_step = 1.0 if block == 0 else next(times[mode])
         for _ in range(trial.steps_per_block):
             now += per_step
-            trial.step_done(now, 0.0)
+            trial.step_done(now, 0.0, trial.ends_block(now, 0.0))
     assert not trial.running
     return trial
 

@@ -164,9 +164,10 @@ class Measure:
     # -- 1. the bf16 trial ------------------------------------------------------------------
     def _trial_step(self, now: float) -> None:
         trial, edge = self._trial, self.edge
-        if trial.ends_block():
+        ends_block = trial.ends_block(now, edge.waited_s)
+        if ends_block:
             now = self._gpu_done(now)
-        trial.step_done(now, edge.waited_s)
+        trial.step_done(now, edge.waited_s, ends_block)
         self.precision.amp = trial.mode
         if trial.running:
             return
@@ -413,18 +414,24 @@ class Bf16Trial:
         `now`."""
         self.running, self.steps_per_block = True, self._steps(step_s)
         self._pace = step_s   # the loop's before the unit: fp32's, until a block measures it
+        self._allowed_s = self.cost_s(step_s)   # what each bf16 block may cost beyond it
         self._left = blocks or len(self.ORDER) - self._next_block()
         self.mode = self.ORDER[self._next_block()]
         self.first_step = self.first_step or first_step
         self._block_start, self._waited, self._done = now, waited_s, 0
 
-    def ends_block(self) -> bool:
-        """The next step_done ends a block."""
-        return self._done + 1 >= self.steps_per_block
+    def ends_block(self, now: float, waited_s: float) -> bool:
+        """The step done at `now` ends its block: the block's steps have all run, or, in a
+        bf16 block, what they cost beyond fp32's pace has reached what the block was allowed
+        (bf16 slower than half speed: a first block's cost is known only as it runs)."""
+        if self._done + 1 >= self.steps_per_block:
+            return True
+        block_s = (now - self._block_start) - (waited_s - self._waited)
+        return self.mode == "bf16" and block_s - (self._done + 1) * self._pace >= self._allowed_s
 
-    def step_done(self, now: float, waited_s: float) -> None:
+    def step_done(self, now: float, waited_s: float, ends_block: bool) -> None:
         self._done += 1
-        if self._done < self.steps_per_block:
+        if not ends_block:
             return
         per_step = ((now - self._block_start) - (waited_s - self._waited)) / self._done
         if self.mode == "bf16":
