@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-from ..auto.rates import rate_fields
 from ..auto.diagnosis import diagnose
+from ..auto.rates import rate_fields
 from ..run import Run
 from ..telemetry.timers import Interval
 
