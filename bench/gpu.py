@@ -47,7 +47,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import nbtrain as nt
 from nbtrain.data.batches import TensorBatches
-from nbtrain.auto.flops import percent as mfu_percent
+from nbtrain.auto.rates import percent as mfu_percent
 from nbtrain.tools.profiling import sources_text, step_syncs
 
 BATCH, SAMPLES = 512, 16_384

@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import nbtrain as nt
-from nbtrain.auto.flops import percent
+from nbtrain.auto.rates import percent
 
 from gpu import check   # bench/gpu.py: the checks bench/gpu.sh collects
 

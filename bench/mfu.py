@@ -28,7 +28,7 @@ from torch.nn import functional as F
 import nbtrain as nt
 from nbtrain.machine import machine_line
 from nbtrain.machine import cpu_model
-from nbtrain.auto.flops import percent
+from nbtrain.auto.rates import percent
 
 CASES = {
     "one matmul": dict(make=lambda: nn.Linear(1024, 1024), inputs=(4096, 1024),
