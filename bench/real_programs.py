@@ -5,6 +5,7 @@ watched only and with the watch's defaults; and the instructions the watch adds 
 
     python bench/real_programs.py [--rounds 5] [--program mnist_cnn] [--no-instructions]
     python bench/real_programs.py --rounds 0 --program gcn,quickstart   # instructions only
+    python bench/real_programs.py --program reinforce --before ../old   # another checkout too
 
 Each program runs as its author would run it (tests/corpus/harness.py, run_program): as
 written; inside `nt.watch(optimize=False)` (watched only); inside `nt.watch()` (the
@@ -26,7 +27,11 @@ the order of the ways rotated from round to round (bench/rounds.py). Printed: th
 median seconds as written, and the median of the per-round ratios of each watch to the
 run as written with their min-max spread (a ratio of one round's pair, which ran
 minutes apart at most). A way that fails is shown as its error, and the program's other
-ways still run.
+ways still run. `--before DIR` (another checkout of nbtrain, e.g. a git worktree of an
+older commit) adds a fourth way to every round: watched only by DIR/src's nbtrain (on
+PYTHONPATH; the corpus and harness stay this checkout's), printed against the run as
+written and as this code's watched time over it, per round: a change measured in the same
+rounds, where a shared machine's drift between two passes would be larger than it.
 
 Instructions (where `valgrind` and gcc are found; `--no-instructions` skips them): after
 a run of each way outside valgrind (the disk caches warm, as for the times), one fresh
@@ -69,6 +74,7 @@ HERE = Path(__file__).resolve()
 CORPUS = HERE.parents[1] / "tests" / "corpus"
 MARK = "real_programs seconds:"   # the line a run prints last, whatever the program printed
 WRITTEN, WATCHED, DEFAULTS = "as written", "watched", "defaults"   # harness.WAYS's names
+BEFORE = "watched, before"   # WATCHED by another checkout's nbtrain (--before)
 
 MARKS_C = r"""
 #include <valgrind/callgrind.h>
@@ -142,10 +148,16 @@ def as_a_users_python() -> dict:
     return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
-def one_run(name: str, way: str) -> float:
-    """One fresh process's seconds on the clock; a failed run raises its last error line."""
+def one_run(name: str, way: str, before: str = "") -> float:
+    """One fresh process's seconds on the clock; a failed run raises its last error line.
+    BEFORE runs WATCHED with the nbtrain of the checkout `before`."""
+    env = as_a_users_python()
+    if way == BEFORE:
+        way = WATCHED
+        env["PYTHONPATH"] = os.pathsep.join(
+            part for part in (str(Path(before, "src")), env.get("PYTHONPATH", "")) if part)
     done = subprocess.run([sys.executable, str(HERE), "--inside", name, way],
-                          capture_output=True, text=True, timeout=1800, env=as_a_users_python())
+                          capture_output=True, text=True, timeout=1800, env=env)
     found = [line for line in done.stdout.splitlines() if line.startswith(MARK)]
     if done.returncode or not found:
         lines = (done.stderr or done.stdout).strip().splitlines() or [f"exit {done.returncode}"]
@@ -153,21 +165,21 @@ def one_run(name: str, way: str) -> float:
     return float(found[-1][len(MARK):])
 
 
-def measure(name: str, rounds: int) -> dict:
+def measure(name: str, rounds: int, before: str = "") -> dict:
     """{way: [seconds per round]}, or {way: error text} for a way that failed."""
     from rounds import interleaved   # bench/rounds.py
 
-    failed = {}
-    for way in (WRITTEN, WATCHED, DEFAULTS):   # the warm-up round, not counted
+    failed, every_way = {}, (WRITTEN, WATCHED, DEFAULTS) + ((BEFORE,) if before else ())
+    for way in every_way:   # the warm-up round, not counted
         try:
-            one_run(name, way)
+            one_run(name, way, before)
         except Exception as error:   # shown in the table, instead of the ratio
             failed[way] = f"{type(error).__name__}: {error}"
-    ways = [way for way in (WRITTEN, WATCHED, DEFAULTS) if way not in failed]
+    ways = [way for way in every_way if way not in failed]
     if WRITTEN not in ways or rounds < 1:
         return failed
     try:
-        return {**interleaved(ways, rounds, lambda way: one_run(name, way)), **failed}
+        return {**interleaved(ways, rounds, lambda way: one_run(name, way, before)), **failed}
     except Exception as error:   # a run that failed in a counted round only
         return {WRITTEN: f"a counted round failed: {error}"}
 
@@ -207,14 +219,14 @@ def instructions(name: str, way: str, marks: str, folder: str) -> dict:
 
 
 # -- the table ------------------------------------------------------------------------------------
-def ratio_cell(times: dict, way: str) -> str:
+def ratio_cell(times: dict, way: str, base: str = WRITTEN) -> str:
     from rounds import paired   # bench/rounds.py
 
     if isinstance(times.get(way), str):
         return f"failed: {times[way]}"
-    if not isinstance(times.get(WRITTEN), list) or way not in times:
+    if not isinstance(times.get(base), list) or way not in times:
         return "-"
-    median, low, high = paired(times, way, WRITTEN)
+    median, low, high = paired(times, way, base)
     return f"{median:.3f}x ({low:.2f}-{high:.2f})"
 
 
@@ -242,6 +254,8 @@ def main(argv=None):
     parser.add_argument("--program", default="",
                         help="only the programs whose name holds this (or one of a,b,c)")
     parser.add_argument("--no-instructions", action="store_true", help="skip callgrind")
+    parser.add_argument("--before", default="", metavar="DIR",
+                        help="another checkout: its watched time too, in the same rounds")
     parser.add_argument("--inside", nargs=2, metavar=("NAME", "WAY"), help=argparse.SUPPRESS)
     parser.add_argument("--marks", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -261,17 +275,21 @@ def main(argv=None):
         timed = (f"times: each run a fresh process, median of {args.rounds} interleaved rounds "
                  "after one warm-up round" if args.rounds > 0 else "times: not measured (--rounds 0)")
         print(f"{machine_line()}\n{len(names)} programs; {timed}; {counted}\n")
+        before = (" watched by --before / as written | watched now / by --before |"
+                  if args.before else "")
         print("| program | as written s | watched / as written (spread) | defaults / as "
-              "written (spread) | instructions watched / as written |\n|---|---:|---:|---:|---:|",
-              flush=True)
+              f"written (spread) |{before} instructions watched / as written |\n"
+              f"|---|---:|---:|---:|{'---:|---:|' if args.before else ''}---:|", flush=True)
         for name in names:
-            times = measure(name, args.rounds) if args.rounds > 0 else {}
+            times = measure(name, args.rounds, args.before) if args.rounds > 0 else {}
             written = times.get(WRITTEN)
             base = (f"{statistics.median(written):.3f}" if isinstance(written, list) else
                     f"failed: {written}" if written else "-")
+            against = (f" {ratio_cell(times, BEFORE)} | {ratio_cell(times, WATCHED, BEFORE)} |"
+                       if args.before else "")
             print(f"| {name} | {base} | {ratio_cell(times, WATCHED)} | "
-                  f"{ratio_cell(times, DEFAULTS)} | {instructions_cell(name, marks, folder)} |",
-                  flush=True)
+                  f"{ratio_cell(times, DEFAULTS)} |{against} "
+                  f"{instructions_cell(name, marks, folder)} |", flush=True)
         print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
 
 
