@@ -261,6 +261,11 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.inside:
         return inside(*args.inside, args.marks)
+    if args.before:   # its path as the children's PYTHONPATH: absolute, and a checkout
+        args.before = str(Path(args.before).resolve())
+        if not Path(args.before, "src", "nbtrain").is_dir():
+            parser.error(f"--before {args.before}: no src/nbtrain there; give a checkout of "
+                         "nbtrain, e.g. `git worktree add ../before <commit>`")
 
     sys.path[:0] = [str(HERE.parent), str(CORPUS), str(CORPUS / "programs")]
     from harness import CORPUS as PROGRAMS   # read now: the corpus grows
