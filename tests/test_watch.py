@@ -805,6 +805,18 @@ def test_amp_fp16_clip_by_keyword_reads_no_tensor_on_the_host(monkeypatch):
     assert_left_as_found()
 
 
+def test_amp_fp16_clip_without_its_limit_is_torchs_own_error():
+    batches = fp16_batches()
+    model = net(dropout=0.0)
+    opt = torch.optim.SGD(model.parameters(), 0.5)
+    with pytest.raises(TypeError, match="max_norm"), \
+            nt.watch(amp="fp16", optimizer_impl="fused", **QUIET):
+        xb, yb = batches[0]
+        F.cross_entropy(model(xb), yb).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters())
+    assert_left_as_found()
+
+
 # -- channels_last (opt-in) --------------------------------------------------------------------
 def conv_net():
     torch.manual_seed(0)

@@ -268,6 +268,8 @@ class Precision:
 
         @functools.wraps(original)
         def clip(parameters, *args, **kwargs):
+            if name not in kwargs and not args:   # no limit: torch's own TypeError says so
+                return original(parameters, **kwargs)
             limit, args = (kwargs.pop(name), args) if name in kwargs else (args[0], args[1:])
             scaler = part.scaler
             # the gradients are true from autograd.grad, or once an optimizer has unscaled
