@@ -1,4 +1,4 @@
-"""The run store (nbtrain.runstore.write) and the reporters (nbtrain.runstore.reporters): every run kept in
+"""The run store (nbtrain.runstore.write) and the trackers (nbtrain.runstore.trackers): every run kept in
 SQLite as it goes, listed and loaded after its process is gone; TensorBoard and MLflow
 read back with their own libraries."""
 from __future__ import annotations
@@ -14,6 +14,7 @@ import textwrap
 import time
 import warnings
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -187,6 +188,25 @@ def test_a_long_history_loads_as_the_live_run_kept_it(blobs, db):
     assert n == run.step
 
 
+def test_a_long_run_loads_every_stored_record_with_records_all(blobs, db):
+    """history_limit bounds the live run's memory; the store keeps every record, and
+    records="all" gives them all back, not merged, whatever the limit was."""
+    run = fit(blobs, db, epochs=4, log_every=1, history_limit=10)
+    every = nt.load_run(run.id, store=db, records="all")
+    assert [r["step"] for r in every.records()] == list(range(1, run.step + 1))
+    assert all(r["steps"] == 1 for r in every.records())   # none merged
+    assert len(run.history) <= 10 < len(every.history)
+    assert nt.load_run(run.id, store=db, records="kept").history == run.history
+    assert every.summary()["samples"] == run.summary()["samples"]
+    assert (every.state, every.step, every.total_steps) == (run.state, run.step, run.total_steps)
+
+
+def test_load_run_names_what_records_takes(blobs, db):
+    run = fit(blobs, db, max_steps=5)
+    with pytest.raises(ValueError, match=r"records='every'\): records is 'kept' .* or 'all'"):
+        nt.load_run(run.id, store=db, records="every")
+
+
 # -- views of a loaded run -------------------------------------------------------------------------
 def test_a_loaded_run_draws_its_dashboard_and_writes_its_report(blobs, db, tmp_path):
     pytest.importorskip("plotly")
@@ -202,34 +222,58 @@ def test_a_loaded_run_draws_its_dashboard_and_writes_its_report(blobs, db, tmp_p
     assert "finished" in page and "samples/s" in page
 
 
+def test_the_dashboard_of_a_long_stored_run_thins_only_for_drawing(blobs, db):
+    """Every record loaded (records="all"): the charts draw at most max_points of them,
+    evenly over the steps and ending at the last, and the runs table counts them all."""
+    pytest.importorskip("plotly")
+    pytest.importorskip("ipywidgets")
+    from nbtrain.views.series import MAX_POINTS
+    run = fit(blobs, db, max_steps=2 * MAX_POINTS, log_every=1, history_limit=50)
+    every = nt.load_run(run.id, store=db, records="all")
+    dash = nt.Dashboard(every, show=False, live="static")
+    dash.flush()
+    steps = list(dash.trace("run 1", "loss").x)
+    assert len(steps) <= MAX_POINTS and (steps[0], steps[-1]) == (1, run.step)
+    assert len(set(b - a for a, b in zip(steps, steps[1:-1]))) == 1   # evenly spaced
+    (slot,) = dash.slots
+    assert slot.samples == sum(r["samples"] for r in every.records()) == run.summary()["samples"]
+    dash.close()
+
+
 # -- a process that dies ---------------------------------------------------------------------------
 CHILD = textwrap.dedent("""
     import json, sys, torch, nbtrain as nt
     from torch import nn
     from torch.nn import functional as F
     path, name, steps, runs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    limit = {"history_limit": int(sys.argv[5])} if len(sys.argv) > 5 else {}
     torch.manual_seed(0)
     x, y = torch.randn(256, 8), torch.randint(0, 3, (256,))
     kept = {}
     for _ in range(runs):
         model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
         cfg = nt.TrainConfig(max_steps=steps, device="cpu", amp="off", batch_size=32,
-                             log_every=1, num_workers=0, num_threads=1, store=path, name=name)
+                             log_every=1, num_workers=0, num_threads=1, store=path, name=name,
+                             **limit)
         run = nt.fit(model, (x, y), F.cross_entropy, config=cfg, progress=False)
         kept[run.id] = len(run.history)
     print(json.dumps(kept))
 """)
 
 
-def child(db, name: str, steps: int, runs: int = 1, **kwargs) -> subprocess.Popen:
+def child(db, name: str, steps: int, runs: int = 1, history_limit: Optional[int] = None,
+          **kwargs) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    return subprocess.Popen([sys.executable, "-c", CHILD, str(db), name, str(steps), str(runs)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            **kwargs)
+    limit = [] if history_limit is None else [str(history_limit)]
+    return subprocess.Popen([sys.executable, "-c", CHILD, str(db), name, str(steps), str(runs),
+                             *limit], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **kwargs)
 
 
 def test_a_fit_killed_mid_run_is_listed_as_crashed_with_its_records(db):
-    proc = child(db, "doomed", 10**7)
+    """Its history merged past history_limit from the 11th record on, on any machine:
+    records="all" gives every step up to the last commit, however far it ran."""
+    proc = child(db, "doomed", 10**7, history_limit=10)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -247,10 +291,11 @@ def test_a_fit_killed_mid_run_is_listed_as_crashed_with_its_records(db):
     assert row["state"] == "crashed" and row["name"] == "doomed"
     assert nt.runs(state="crashed", store=db).ids == [row["id"]]
     assert nt.runs(state="running", store=db).ids == []
-    run = nt.load_run(row["id"], store=db)
+    run = nt.load_run(row["id"], store=db, records="all")
     assert run.state == "crashed" and len(run.records()) >= 20
     steps = [r["step"] for r in run.records()]
     assert steps == list(range(1, len(steps) + 1))   # every step up to the last commit
+    assert len(nt.load_run(row["id"], store=db).history) <= 10   # as the live run kept it
     assert run.step == steps[-1] and "last record" in run.message and str(row["pid"]) in run.message
     assert row["last_record"] is not None and time.time() - row["last_record"] < 60
     print(run.summary_text())   # a crashed run's summary works too
@@ -355,10 +400,10 @@ def test_report_to_takes_one_or_both_names():
 
 
 @pytest.mark.parametrize("name", ["tensorboard", "mlflow"])
-def test_a_missing_reporter_library_names_its_extra(blobs, db, monkeypatch, name):
-    from nbtrain.runstore import reporters
-    real = reporters.importlib.util.find_spec
-    monkeypatch.setattr(reporters.importlib.util, "find_spec",
+def test_a_missing_tracker_library_names_its_extra(blobs, db, monkeypatch, name):
+    from nbtrain.runstore import trackers
+    real = trackers.importlib.util.find_spec
+    monkeypatch.setattr(trackers.importlib.util, "find_spec",
                         lambda module, *a: None if module == name else real(module, *a))
     with pytest.raises(nt.ConfigError, match=rf"pip install 'nbtrain\[{name}\]'") as err:
         fit(blobs, db, max_steps=5, report_to=name)
@@ -406,14 +451,14 @@ def test_an_mlflow_run_read_back_with_mlflow_client(blobs, db, tmp_path, monkeyp
     assert {"samples_per_s", "lr", "step_time_s", "val_loss"} <= set(found.data.metrics)
 
 
-def test_a_reporter_that_fails_gives_one_warning_and_the_run_trains_on(blobs, db, monkeypatch):
+def test_a_tracker_that_fails_gives_one_warning_and_the_run_trains_on(blobs, db, monkeypatch):
     pytest.importorskip("tensorboard", reason="pip install 'nbtrain[tensorboard]'")
-    from nbtrain.runstore import reporters
+    from nbtrain.runstore import trackers
 
-    class Broken(reporters.TensorBoardSink):
+    class Broken(trackers.TensorBoardSink):
         def records(self, records):
             raise OSError("disk gone")
-    monkeypatch.setitem(reporters.SINKS, "tensorboard", Broken)
+    monkeypatch.setitem(trackers.SINKS, "tensorboard", Broken)
     monkeypatch.chdir(db.parent)   # report_dir="runs": here, not in the repository
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 import platform
 from typing import Optional
@@ -77,9 +78,11 @@ def model_key(model: torch.nn.Module) -> tuple:
                               for p in model.parameters())
 
 
-def load_now() -> float:
-    """The 1-minute load average; 0 where the platform keeps none (Windows)."""
-    return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+def load_now(unknown: float = 0.0) -> float:
+    """The 1-minute load average; `unknown` where the platform keeps none (Windows). 0 by
+    default, so that a timing's load and the load now compare there as never moved; a
+    caption passes math.nan, to say it is unknown."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else unknown
 
 
 def load_moved(load: float) -> bool:
@@ -146,7 +149,7 @@ def machine_line() -> str:
     """The machine a measurement ran on, for the caption of a bench's table: the CPU, its
     cores and bf16 units, torch's version and threads, the 1-minute load average (a
     figure measured under load says so next to it)."""
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    load = load_now(unknown=math.nan)   # printed as nan: no load average here
     gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
     return (f"Machine: CPU {cpu_model()} ({available_cores()} cores, "
             f"{cpu_bf16_feature() or 'no bf16 units'}){gpu}, torch {torch.__version__}, "

@@ -58,7 +58,7 @@ class Run:
         self._subscribers: List[Callable[[dict], None]] = []
         self._thread: Optional[threading.Thread] = None   # the thread that trains it
         self._done = threading.Event()
-        self.id: Optional[str] = None       # its name in the run store and the reporters
+        self.id: Optional[str] = None       # its name in the run store and the trackers
         self.kind = "fit"                   # "fit", "watch" or "trial" (compare, autotune)
         self._stored = None                 # its row in the run store (store.StoredRun)
 
@@ -66,14 +66,18 @@ class Run:
     def ended_before(cls, config: TrainConfig, records: List[dict], *, id: str, kind: str,
                      state: str, message: str, resolved: dict, notes: List[str], machine: dict,
                      started, ended, step: int, epoch: int, total_steps: Optional[int],
-                     wall_s: float) -> "Run":
+                     wall_s: float, bounded: bool = True) -> "Run":
         """A Run that ended before: in another process or an earlier session, read back from
-        the run store (nt.load_run). Its records are emitted again, so that the history is
-        merged as the live run kept it; nothing trains it, so wait() returns at once."""
+        the run store (nt.load_run); nothing trains it, so wait() returns at once.
+        bounded=True emits its records again, so that the history is merged past
+        history_limit as the live run merged it; bounded=False keeps every one of them."""
         run = cls(config)
         run.id, run.kind = id, kind
-        for record in records:
-            run.emit(record)
+        if bounded:
+            for record in records:
+                run.emit(record)
+        else:   # history_limit bounds a live run's memory, not what the store kept
+            run.replace_history(records)
         run.resolved, run.notes = resolved, notes
         run.state, run.message, run.machine = state, message, machine
         run.started, run.ended = started, ended

@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import os
 import re
 import time
 from typing import NamedTuple, Optional
@@ -46,6 +45,7 @@ from ..machine import (
     cpu_bf16_feature,
     device_name,
     load_change_that_counts,
+    load_now,
     model_key,
 )
 from .devices import autocast_context, intra_op_threads
@@ -267,15 +267,16 @@ def _peak_cached(device: torch.device, prec: str, threads: int) -> bool:
 def _stale(entry: dict, device: torch.device) -> bool:
     """Other processes on the CPU only ever slow the probe down, so a figure measured under
     load reads low (and MFU high). Measure again once the load has fallen by more than half
-    the cores (at least 1) since then, the rule probe.py uses for workers and threads."""
+    the cores (at least 1) since then: machine.load_change_that_counts, which the timed
+    workers and threads (workers.py) use too, the load read by machine.load_now."""
     if device.type != "cpu":
         return False
-    return entry.get("load", float("inf")) - os.getloadavg()[0] > load_change_that_counts()
+    return entry.get("load", float("inf")) - load_now() > load_change_that_counts()
 
 
 def _probe_again(machine: dict, old: Optional[dict], device, prec: str, threads: int) -> dict:
     """A new probe; the higher of it and the old figure, since load only lowers it."""
-    load = os.getloadavg()[0] if device.type == "cpu" else 0.0
+    load = load_now() if device.type == "cpu" else 0.0
     with intra_op_threads(threads), _matmuls_at(prec, device):
         tflops, n = probe_gemm(device, _DTYPES[prec])
     if old and old.get("tflops", 0) > tflops:

@@ -1,7 +1,8 @@
-"""Reading the run store (store.py writes it): `nt.runs()` lists the stored runs, newest
+"""Reading the run store (write.py writes it): `nt.runs()` lists the stored runs, newest
 first, as a table; `nt.load_run(id)` gives one back as a Run (records, resolved, summary,
-report, Dashboard); `nt.delete_runs(...)` removes runs. A run left "running" by a process
-that no longer exists is listed as crashed."""
+report, Dashboard), `records="all"` with every record stored; `nt.delete_runs(...)`
+removes runs. A run left "running" by a process that no longer exists is listed as
+crashed."""
 from __future__ import annotations
 
 import contextlib
@@ -197,14 +198,32 @@ def _find(conn, run_id: str):
     return None
 
 
-def load_run(run_id: str, store: Union[bool, str, os.PathLike] = True) -> Run:
+RECORDS = ("kept", "all")   # load_run's choice: the history as the live run kept it, or all
+
+
+def load_run(run_id: str, store: Union[bool, str, os.PathLike] = True,
+             records: str = "kept") -> Run:
     """The stored run `run_id` (its id, or a unique part of it) as a Run: records(),
     history, resolved, summary(), summary_text(), report(), nt.Dashboard(run) work as on
     the live one; the model and optimizer are not stored (a checkpoint keeps those).
 
+    records="kept" (the default) gives the history as the live run kept it: past the
+    config's history_limit, older intervals merged in pairs, the recent ones whole.
+    records="all" gives every record the store kept, one per log_every steps however long
+    the run (a crashed run's up to its last commit; a resumed run's from before the resume
+    as its checkpoint kept them), all of them in memory. Either way nt.Dashboard(run) and
+    run.report() thin only for drawing: at most 400 points a chart, picked evenly over the
+    records they are given and ending at the last one (with "all", evenly over the
+    steps); the runs table's totals cover the whole run.
+
     >>> run = nt.load_run(nt.runs()[0]["id"])
     >>> print(run.summary_text())
+    >>> every = nt.load_run(run.id, records="all")   # not merged: a record per log_every
     """
+    if records not in RECORDS:
+        raise ValueError(f"nt.load_run(records={records!r}): records is 'kept' (the history "
+                         f"as the live run kept it, the default) or 'all' (every record the "
+                         f"store kept)")
     conn = _connect(store)
     if conn is None:
         raise KeyError(f"nbtrain: no run store at {path_of(store)}: no run {run_id!r}")
@@ -213,9 +232,9 @@ def load_run(run_id: str, store: Union[bool, str, os.PathLike] = True) -> Run:
         if row is None:
             raise KeyError(f"nbtrain: no stored run {run_id!r} in {path_of(store)} "
                            f"(nt.runs() lists them)")
-        records = _records([text for (text,) in conn.execute(
+        stored = _records([text for (text,) in conn.execute(
             "SELECT record FROM records WHERE run_id = ? ORDER BY seq", (row["id"],))])
-    return _as_run(row, records)
+    return _as_run(row, stored, bounded=records == "kept")
 
 
 def _records(texts: List[str]) -> List[dict]:
@@ -231,7 +250,7 @@ def _records(texts: List[str]) -> List[dict]:
     return records
 
 
-def _as_run(row, records: list) -> Run:
+def _as_run(row, records: list, bounded: bool) -> Run:
     state, message = _state_of(row), row["message"] or ""
     if state == "crashed":
         message = (f"the process that trained it (pid {row['pid']} on {row['host']}) ended "
@@ -247,7 +266,8 @@ def _as_run(row, records: list) -> Run:
         step=row["steps"] or last_train.get("step", 0),
         epoch=row["epoch"] if row["epoch"] is not None else last_train.get("epoch", 0),
         total_steps=row["total_steps"],
-        wall_s=row["wall_s"] if row["wall_s"] is not None else last_train.get("time_s", 0.0))
+        wall_s=row["wall_s"] if row["wall_s"] is not None else last_train.get("time_s", 0.0),
+        bounded=bounded)
 
 
 def _config_of(values: dict) -> TrainConfig:
