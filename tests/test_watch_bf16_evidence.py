@@ -3,6 +3,7 @@ afford and the next run of the same model goes on from them, until they decide. 
 clock that only the model's forward moves, so no choice depends on this machine."""
 import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +14,6 @@ import nbtrain as nt
 from nbtrain import machine
 from nbtrain.auto import budget
 from nbtrain.auto import precision as ladder
-from nbtrain.watcher.precision import bf16_key
 
 STEPS = 50   # a run: 50 ms of 1 ms fp32 steps, 5% of it 2.5 ms
 
@@ -74,7 +74,23 @@ def run_loop(clock, fp32_s=1e-3, bf16_s=2e-3, steps=STEPS):
             opt.zero_grad()
             F.cross_entropy(model(x), y).backward()
             opt.step()
-    return run, clock.now - started, bf16_key(model, torch.device("cpu"))
+    return run, clock.now - started, watch_key(model, x)
+
+
+def watch_key(model, x):
+    """The bf16 key of `model` fed `x`: what the watch reads off its first forward."""
+    return ladder.bf16_key(model, torch.device("cpu"), ladder.model_inputs((x,)))
+
+
+def fit_once(clock, fp32_s=1e-3, bf16_s=2e-3):
+    """nt.fit of the same model on the same batch as run_loop, amp="auto" (its probe
+    measures bf16 where no gain is known); returns the run."""
+    torch.manual_seed(0)
+    model = Timed(clock, fp32_s, bf16_s)
+    x, y = torch.randn(16, 8), torch.randint(0, 3, (16,))
+    cfg = nt.TrainConfig(max_steps=400, batch_size=16, amp="auto", optimizer="sgd", lr=0.1,
+                         count_flops=False, num_workers=0, num_threads=1, store=False)
+    return nt.fit(model, (x, y), F.cross_entropy, config=cfg)
 
 
 def blocks_kept(key):
@@ -166,3 +182,32 @@ def test_blocks_measured_under_another_load_are_dropped(clock, monkeypatch):
     fourth = run_loop(clock)[0]
     assert "bf16 trial: 2 of 6 blocks measured over 1 run" in fourth.resolved["amp"][1]
     assert blocks_kept(key)["load"] == 3.0
+
+
+def test_a_gain_fit_measured_is_the_watchs_and_the_watchs_is_fits(clock):
+    """One bf16 key for nt.fit and the watch: fit's probe measures bf16 2x faster, and the
+    watch of the same model on the same batch takes bf16 at once, measuring nothing; then,
+    with bf16 2x slower, the watch's trial decides and fit finds its verdict."""
+    fitted = fit_once(clock, bf16_s=0.5e-3)
+    assert fitted.resolved["amp"][0] == "bf16", fitted.resolved["amp"]
+    watched = run_loop(clock, bf16_s=0.5e-3)[0]
+    assert watched.resolved["amp"][0] == "bf16"
+    assert "2.00x faster than fp32" in watched.resolved["amp"][1]
+
+    ladder._BF16_GAINS.clear()
+    for path in clock_cache(clock):
+        path.unlink()
+    for _ in range(6):   # short runs: the trial goes on over re-runs until it decides
+        run = run_loop(clock, bf16_s=2e-3)[0]
+        if "slower" in run.resolved["amp"][1]:
+            break
+    assert "bf16 slower" in run.resolved["amp"][1], run.resolved["amp"]
+    fitted = fit_once(clock, bf16_s=2e-3)
+    assert fitted.resolved["amp"] == ("off", fitted.resolved["amp"][1])
+    assert "0.50x of fp32 speed" in fitted.resolved["amp"][1]
+    assert fitted.resolved["setup_s"][1].find("bf16 probe") < 0   # nothing measured again
+
+
+def clock_cache(clock):
+    """The gains kept on disk (the fixture's cache folder)."""
+    return list(Path(os.environ["NBTRAIN_CACHE_DIR"]).rglob("*.json"))

@@ -265,11 +265,11 @@ def test_the_bf16_trial_runs_on_the_loops_own_steps_and_decides(monkeypatch, tmp
     """A CPU said to have bf16 units (this one may not): the trial's blocks really run in
     bf16, and the choice is the trial's, said with the steps it was measured on."""
     from nbtrain.auto import precision as ladder
-    from nbtrain.watcher import precision
+    from nbtrain.watcher import autocast
     monkeypatch.setenv("NBTRAIN_HOME", str(tmp_path))
     monkeypatch.setattr(ladder, "cpu_bf16_feature", lambda: "avx512_bf16")
     monkeypatch.setattr(measure, "BLOCK_S", 0.002)
-    monkeypatch.setattr(precision, "known_bf16_gain", lambda key: (None, ""))   # never measured
+    monkeypatch.setattr(autocast, "known_bf16_gain", lambda key: (None, ""))   # never measured
     monkeypatch.setattr(measure, "remember_bf16_gain", lambda key, gain, load=None: None)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 4))
@@ -335,9 +335,17 @@ def test_a_compiled_model_is_compiled_as_unwatched_and_warned_of_nothing(when):
     assert (torch.compile, torch._dynamo.eval_frame.OptimizedModule.__call__) == before
 
 
-DECORATOR_FIRST = r"""
+def test_torch_compile_as_a_decorator_inside_a_watch_is_torchs_own():
+    """torch.compile(backend=...) with no model returns a decorator before torch._dynamo
+    is imported: the watch's wrapper passes it through, and wraps OptimizedModule at the
+    first compile that imports it (a fresh Python: in this one dynamo is imported). After
+    the watch both are torch's own, told by identity: the very function torch.compile was,
+    and a call defined in torch's own file, unwrapped. A file name without "nbtrain" in it
+    is no test: in a clone folder named nbtrain, torch's file is under nbtrain/.venv."""
+    program = r"""
 import sys, torch, torch.nn as nn, nbtrain as nt
 assert "torch._dynamo.eval_frame" not in sys.modules   # the watch wraps torch.compile
+own_compile = torch.compile
 with nt.watch(optimize=False, progress=False, store=False):
     decorate = torch.compile(backend="eager")   # no model: a decorator, dynamo not imported
     model = decorate(nn.Linear(3, 2))
@@ -346,17 +354,12 @@ with nt.watch(optimize=False, progress=False, store=False):
     again(torch.randn(4, 3)).sum().backward()
 frames = sys.modules["torch._dynamo.eval_frame"]
 assert isinstance(model, frames.OptimizedModule) and again.weight.grad is not None
-assert "nbtrain" not in getattr(frames.OptimizedModule.__call__, "__module__", "")
-assert "nbtrain" not in torch.compile.__code__.co_filename
+assert torch.compile is own_compile
+call = vars(frames.OptimizedModule)["__call__"]
+assert call.__code__.co_filename == frames.__file__ and not hasattr(call, "__wrapped__")
 print("ok")
 """
-
-
-def test_torch_compile_as_a_decorator_inside_a_watch_is_torchs_own():
-    """torch.compile(backend=...) with no model returns a decorator before torch._dynamo
-    is imported: the watch's wrapper passes it through, and wraps OptimizedModule at the
-    first compile that imports it (a fresh Python: in this one dynamo is imported)."""
-    out = subprocess.run([sys.executable, "-c", DECORATOR_FIRST], capture_output=True,
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True,
                          text=True, timeout=240)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
 

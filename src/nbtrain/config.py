@@ -81,7 +81,16 @@ class Setting:
     when: Tuple[str, tuple] = ()   # (field, values): only used then (the panel hides it otherwise)
     options: tuple = ()        # the panel's dropdown, where the kind alone cannot list values
     placeholder: str = ""      # the panel's hint for an empty (None) text box
+    watch: str = "loop"        # under nt.watch: WATCH_ROLES, or WATCH_REFUSES + why
     name: str = ""             # filled in from the field
+
+
+# What nt.watch does with a field, declared on it: "changes" the loop with it (optimize=True),
+# "observes" the loop by it (records, telemetry), "keeps" the run by it (name, store), or
+# leaves it to the "loop" (its DataLoader, optimizer, epochs: a ConfigError names the field);
+# WATCH_REFUSES + why: a field the watch cannot apply, refused rather than ignored.
+WATCH_ROLES = ("changes", "observes", "keeps", "loop")
+WATCH_REFUSES = "refuses: "
 
 
 def setting(default, kind: Kind, group: str, help: str, speed: Union[bool, str] = True, **more):
@@ -125,10 +134,10 @@ class TrainConfig:
                           options=("auto", "cpu", "cuda", "mps"))
     amp: str = setting("auto", Choice(*AMP_MODES), "device",
                        "mixed precision (autocast; fp16 adds a GradScaler)", speed="tuned",
-                       label="mixed precision")
+                       label="mixed precision", watch="changes")
     channels_last: bool = setting(False, Flag(), "device",
                                   "channels-last memory format for conv nets", speed="tuned",
-                                  label="channels last")
+                                  label="channels last", watch="changes")
     compile: bool = setting(False, Flag(), "device", "torch.compile the model",
                             label="torch.compile")
     processes: Union[int, str] = setting(
@@ -153,20 +162,23 @@ class TrainConfig:
     pin_memory: Union[bool, str] = setting(
         "auto", AUTO_FLAG, "data path",
         "pinned host memory, so copies to the GPU can be non-blocking", speed="tuned",
-        flag="--pin", options=AUTO_ON_OFF)
+        flag="--pin", options=AUTO_ON_OFF, watch="changes")
     num_workers: Union[int, str] = setting(
         "auto", AutoOr(Whole(0)), "data path", "DataLoader worker processes", speed="tuned",
-        flag="--workers", label="loader workers", options=("auto", 0, 1, 2, 4, 8))
+        flag="--workers", label="loader workers", options=("auto", 0, 1, 2, 4, 8),
+        watch="changes")
     num_threads: Union[int, str] = setting(
         "auto", AutoOr(Whole(1, 1024)), "data path",
         "CPU threads for training, leaving cores to the workers", flag="--threads",
-        label="CPU threads", options=("auto", 1, 2, 4, 8))
+        label="CPU threads", options=("auto", 1, 2, 4, 8), watch="changes")
     prefetch_factor: Optional[int] = setting(
         None, OrNone(Whole(1)), "data path", "batches each worker loads ahead (workers > 0)",
         speed="tuned", flag="--prefetch", options=(None, 1, 2, 4, 8))
     persistent_workers: bool = setting(False, Flag(), "data path",
                                        "keep workers alive between epochs", speed="tuned",
-                                       flag="--persistent")
+                                       flag="--persistent",
+                                      watch=WATCH_REFUSES + "the workers nt.watch starts are kept "
+                                      "across epochs already")
     multiprocessing_context: Optional[str] = setting(
         None, Choice(*MP_CONTEXTS), "data path",
         "how worker processes start (None: the platform's default)",
@@ -177,10 +189,10 @@ class TrainConfig:
     batched_fetch: Union[bool, str] = setting(
         "auto", AUTO_FLAG, "data path",
         "index tensor data a whole batch at a time, not per sample", speed="tuned",
-        options=AUTO_ON_OFF)
+        options=AUTO_ON_OFF, watch="changes")
     prefetch_to_device: Union[bool, str] = setting(
         "auto", AUTO_FLAG, "data path", "CUDA: copy the next batch on a side stream",
-        label="prefetch to GPU", options=AUTO_ON_OFF)
+        label="prefetch to GPU", options=AUTO_ON_OFF, watch="changes")
     # --- optimizer ------------------------------------------------------------------
     optimizer: Union[str, Callable] = setting(
         "adamw", AnyOf(Choice(*OPTIMIZERS), Factory("a torch.optim.Optimizer subclass or a "
@@ -204,7 +216,7 @@ class TrainConfig:
                          when=("optimizer", tuple(o for o in OPTIMIZERS if o != "sgd")))
     optimizer_impl: str = setting("auto", Choice(*OPTIMIZER_IMPLS), "optimizer",
                                   "kernel: fused, foreach or a for-loop over parameters",
-                                  label="implementation")
+                                  label="implementation", watch="changes")
     # --- LR schedule ----------------------------------------------------------------
     scheduler: Union[str, Callable] = setting(
         "constant", AnyOf(Choice(*SCHEDULERS), Factory("a function optimizer -> torch LR "
@@ -250,19 +262,20 @@ class TrainConfig:
         flag="--clip", label="clip grad norm", placeholder="empty: no clipping")
     on_nan: str = setting("stop", Choice(*ON_NAN), "step",
                           "a non-finite loss stops the run, or its update is skipped",
-                          label="non-finite loss")
+                          label="non-finite loss", watch="observes")
     # --- bookkeeping ----------------------------------------------------------------
     log_every: int = setting(10, Whole(1), "bookkeeping",
                              "steps between loss readings (each one is a host sync)",
-                             speed=False, label="log every (steps)")
+                             speed=False, label="log every (steps)", watch="observes")
     telemetry: bool = setting(True, Flag(), "bookkeeping",
-                              "time split, memory and diagnosis in each record")
+                              "time split, memory and diagnosis in each record",
+                              watch="observes")
     count_flops: bool = setting(True, Flag(), "bookkeeping",
                                 "FLOPs per step and the device's peak, for TFLOP/s and MFU",
-                                speed=False, label="count FLOPs (MFU)")
+                                speed=False, label="count FLOPs (MFU)", watch="observes")
     history_limit: int = setting(5000, Whole(10), "bookkeeping",
                                  "records kept; older ones are merged beyond this many",
-                                 label="history limit")
+                                 label="history limit", watch="observes")
     release_previous: bool = setting(False, Flag(), "bookkeeping",
                                      "free the previous run's optimizer state and cache first",
                                      label="release previous run")
@@ -276,25 +289,26 @@ class TrainConfig:
     checkpoint_every: Optional[int] = setting(
         None, OrNone(Whole(1)), "bookkeeping", "steps between checkpoints (None: at the end)",
         speed=False, label="checkpoint every", placeholder="empty: at the end only")
-    # --- keeping the run: the local store (store.py), TensorBoard, MLflow (reporters.py)
+    # --- keeping the run: the local store (runstore/write.py), TensorBoard, MLflow (trackers.py)
     name: Optional[str] = setting(None, OrNone(Text()), "bookkeeping",
                                   "the run's name in nt.runs(), TensorBoard and MLflow",
-                                  speed=False, label="run name", placeholder="empty: unnamed")
+                                  speed=False, label="run name", placeholder="empty: unnamed",
+                                  watch="keeps")
     store: Union[bool, str] = setting(
         True, AnyOf(Flag(), Path(), allowed="True (the run store, $NBTRAIN_HOME/runs.sqlite, "
                                             "~/.nbtrain by default), False (not stored) or "
                                             "the path of a .sqlite file"),
         "bookkeeping", "keep the run in the local run store (nt.runs(), nt.load_run(id)): "
-        "True, False or a .sqlite file", speed=False, label="store the run")
+        "True, False or a .sqlite file", speed=False, label="store the run", watch="keeps")
     report_to: Union[str, Tuple[str, ...]] = setting(
         "none", Several(*REPORTERS), "bookkeeping",
         "also send the records to TensorBoard and/or MLflow (pip install "
         "nbtrain[tensorboard] / nbtrain[mlflow])", speed=False, label="report to",
-        options=("none",) + REPORTERS + (("both", REPORTERS),))
+        options=("none",) + REPORTERS + (("both", REPORTERS),), watch="keeps")
     report_dir: str = setting("runs", Path(), "bookkeeping",
                               "report_to='tensorboard': a log dir per run inside this folder",
                               speed=False, label="report folder",
-                              when=("report_to", ("tensorboard", REPORTERS)))
+                              when=("report_to", ("tensorboard", REPORTERS)), watch="keeps")
 
     def __new__(cls, *args, **kwargs):
         _reject_unknown(kwargs)   # TrainConfig(epoch=3) suggests epochs, as replace() does
@@ -357,6 +371,9 @@ def _declared_settings() -> Dict[str, Setting]:
     table = {}
     for f in dataclasses.fields(TrainConfig):
         meta = f.metadata["setting"]
+        if meta.watch not in WATCH_ROLES and not meta.watch.startswith(WATCH_REFUSES):
+            raise TypeError(f"TrainConfig.{f.name}: watch={meta.watch!r} is none of "
+                            f"{WATCH_ROLES} nor WATCH_REFUSES + why")
         table[f.name] = dataclasses.replace(
             meta, name=f.name, flag=meta.flag or "--" + f.name.replace("_", "-"),
             label=meta.label or f.name.replace("_", " "))
@@ -366,6 +383,17 @@ def _declared_settings() -> Dict[str, Setting]:
 SETTINGS: Dict[str, Setting] = _declared_settings()
 FIELD_NAMES = tuple(SETTINGS)
 FACTORY_FIELDS = tuple(name for name, meta in SETTINGS.items() if takes_factories(meta.kind))
+
+
+def watched_as(role: str) -> tuple:
+    """The fields nt.watch treats as `role` (Setting.watch), in declaration order."""
+    return tuple(name for name, meta in SETTINGS.items() if meta.watch == role)
+
+
+def watch_refusal(name: str) -> str:
+    """Why nt.watch refuses field `name`; '' for a field it does not refuse."""
+    watch = SETTINGS[name].watch
+    return watch[len(WATCH_REFUSES):] if watch.startswith(WATCH_REFUSES) else ""
 
 
 def _refuse_custom_name(name: str, value) -> None:

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Callable, Optional
 import torch
 
 from . import checkpoint as ckpt
-from .config import ConfigError, TrainConfig, as_config
+from .config import ConfigError, TrainConfig, as_config, watched_as
 from .run import Run
-from .runstore import reporters
-from .runstore import write as store
+from .runstore import trackers
+from .runstore import write
 from .watcher import Watcher, own_loop_config, record_floor_s
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
     state = ckpt.state_to_resume(resume)
     cfg = _config_from(config, state, resume)
     _refuse_plateau_without_validation(cfg, val_data)
-    reporters.check(cfg)   # report_to's library missing: said before anything runs
+    trackers.check(cfg)   # report_to's library missing: said before anything runs
     refuse_busy(model)   # before anything touches the model
     if cfg.release_previous:
         release_previous_run()
@@ -110,10 +110,10 @@ class watch:
     def __init__(self, config: Optional[TrainConfig] = None, *, optimize: bool = True,
                  progress="auto", _rank: Optional[tuple] = None, **settings):
         cfg, settings = watch_config(config, settings)
-        # _rank (ui/cells.py): (rank, world, make_run), this process one of N; its records
+        # _rank (cell_ranks.py): (rank, world, make_run), this process one of N; its records
         # come every log_every steps on every rank alike, so that they can be merged
         self.run = Run(cfg) if _rank is None else _rank[2](cfg)
-        reporters.check(self.run.config)
+        trackers.check(self.run.config)
         floor = record_floor_s(self.run.config, settings) if _rank is None else 0.0
         self._watcher = Watcher(self.run, optimize, floor,
                                 ranks=None if _rank is None else _rank[:2])
@@ -152,17 +152,17 @@ class watch:
     warns_untrained = True
 
 
-# -- keeping the run: the run store and the reporters (store.py, reporters.py) ---------------------
-KEEPING_FIELDS = ("name", "store", "report_to", "report_dir")   # any run's, a watch's too
+# -- keeping the run: the run store and the trackers (runstore/write.py, trackers.py) ---------
+KEEPING_FIELDS = watched_as("keeps")   # any run's, a watch's too (config.py declares them)
 # (kind, the name of an unnamed run) of the fits in this context: see `trials`
 _kind: contextvars.ContextVar = contextvars.ContextVar("nbtrain_run_kind", default=("fit", None))
 
 
 def keep(run: Run, kind: tuple) -> None:
-    """Store `run` as it goes (unless store=False) and start its reporters (report_to);
+    """Store `run` as it goes (unless store=False) and start its trackers (report_to);
     `kind`: ("fit", "watch" or "trial", the stored name when the config has none)."""
-    store.keep(run, *kind)
-    reporters.attach(run)
+    write.keep(run, *kind)
+    trackers.attach(run)
 
 
 @contextlib.contextmanager
@@ -211,14 +211,13 @@ def _refuse_inside_a_watch() -> None:
 def _engine(run: Run, model, train_data, loss_fn, val_data, state, schedule) -> Callable:
     """Prepare the engine that trains `run`; returns `begin()`, called once the run is
     claimed, which starts what must start (the ranks) and returns the function that trains."""
-    if run.config.cluster == "ray":   # ray_cluster.py runs this same loop in Ray Train's workers
-        from .parallel import ray_train as ray_cluster
-        return ray_cluster.prepare(run, model, train_data, loss_fn, val_data, state, schedule)
-    if run.config.processes != 1:   # data-parallel: distributed.py runs it in N processes
-        from .parallel import processes as distributed
-        if distributed.resolve_processes(run) > 1:
-            return distributed.prepare(run, model, train_data, loss_fn, val_data, state,
-                                       schedule)
+    if run.config.cluster == "ray":   # parallel/ray_train.py runs this loop in Ray Train's workers
+        from .parallel import ray_train
+        return ray_train.prepare(run, model, train_data, loss_fn, val_data, state, schedule)
+    if run.config.processes != 1:   # data-parallel: parallel/processes.py runs it in N processes
+        from .parallel import processes
+        if processes.resolve_processes(run) > 1:
+            return processes.prepare(run, model, train_data, loss_fn, val_data, state, schedule)
     # this process's loop: loaded by a fit only, never by a watch
     from .auto.devices import seed_all
     from .train import loop

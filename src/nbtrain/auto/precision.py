@@ -12,6 +12,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
+from ..data.nested import tensors_in
 from ..kinds import Resolved
 from ..machine import (
     cache_key,
@@ -20,6 +21,7 @@ from ..machine import (
     gpu_has_bf16,
     load_moved,
     load_now,
+    model_key,
 )
 
 
@@ -31,19 +33,35 @@ def median(values) -> float:
 
 
 def resolve_amp(requested: str, device: torch.device) -> Resolved:
-    """'off' | 'fp16' | 'bf16' with the reason, for `requested` on `device`."""
+    """The one amp ladder, nt.fit's and the watch's: 'off' | 'fp16' | 'bf16' with the
+    reason, for `requested` on `device`. bf16 asked of a GPU without bf16 units runs
+    emulated where torch can, else is a ConfigError; "auto" is auto_amp's candidate, which
+    each engine then measures on the model (bf16_choice; the watch's trial)."""
     from ..config import ConfigError
-    if requested != "auto":
-        if requested == "fp16" and device.type == "cpu":
-            return "fp16", "asked for (on CPU fp16 autocast is usually slower than bf16)"
-        if requested == "bf16" and device.type == "cuda" and not gpu_has_bf16(device):
-            if not torch.cuda.is_bf16_supported():
-                raise ConfigError("TrainConfig.amp='bf16' is not supported by this GPU "
-                                  f"({torch.cuda.get_device_name(device)}): use amp='fp16'.",
-                                  field="amp")
-            return "bf16", "asked for (emulated on this GPU: usually slower than fp16)"
-        return requested, "asked for"
-    return auto_amp(device)
+    if requested == "auto":
+        return auto_amp(device)
+    if requested == "fp16" and device.type == "cpu":
+        return "fp16", "asked for (on CPU fp16 autocast is usually slower than bf16)"
+    if requested == "bf16" and device.type == "cuda" and not gpu_has_bf16(device):
+        if not torch.cuda.is_bf16_supported():
+            raise ConfigError("TrainConfig.amp='bf16' is not supported by this GPU "
+                              f"({torch.cuda.get_device_name(device)}): use amp='fp16'.",
+                              field="amp")
+        return "bf16", "asked for (emulated on this GPU: usually slower than fp16)"
+    return requested, "asked for"
+
+
+def bf16_key(model, device: torch.device, inputs: tuple) -> tuple:
+    """What a bf16 gain depends on, the same for nt.fit and the watch (a gain one measured,
+    the other finds): the device, the model (machine.model_key), and `inputs`, the shapes
+    and dtypes of the tensors its forward takes positionally in a batch (model_inputs)."""
+    return "bf16", device_name(device), model_key(model), inputs
+
+
+def model_inputs(args) -> tuple:
+    """((shape, dtype), ...) of the tensors among a forward's positional arguments (two
+    levels down: a list batch); a mapping passed as keywords has none."""
+    return tuple((tuple(t.shape), t.dtype) for t in tensors_in(args))
 
 
 def auto_amp(device: torch.device) -> Resolved:

@@ -126,3 +126,18 @@ def batch_len(batch) -> int:
 
 def _holds_samples(item) -> bool:
     return hasattr(item, "shape") or isinstance(item, (tuple, list, Mapping))
+
+
+def tensors_in(value, depth: int = 2) -> list:
+    """The tensors of a forward's arguments or output, two levels down (an LSTM's
+    `(out, (h, c))`)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    found = []
+    if depth and isinstance(value, (tuple, list)):
+        for item in value:   # a call only for an item that is no tensor (it runs every forward)
+            if isinstance(item, torch.Tensor):
+                found.append(item)
+            else:
+                found.extend(tensors_in(item, depth - 1))
+    return found

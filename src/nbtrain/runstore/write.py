@@ -516,7 +516,7 @@ class StoredRun:
 def keep(run: Run, kind: str, name: Optional[str] = None) -> Optional[StoredRun]:
     """Store `run` (kind "fit", "watch" or "trial") from now on, unless its config says
     store=False; `name` is its stored name when the config gives none."""
-    run.keep_as(new_id(), kind)   # an id even when not stored: the reporters name it so
+    run.keep_as(new_id(), kind)   # an id even when not stored: the trackers name it so
     path = path_of(run.config.store)
     if path is None:
         return None

@@ -144,13 +144,14 @@ def _config_error(text: str, field: str = "optimizer") -> ConfigError:
 
 # -- your own optimizer, under nt.watch ---------------------------------------------------------
 def impl_for(optimizer: torch.optim.Optimizer, device: torch.device, requested: str,
-             optimize: bool) -> Tuple[str, str]:
+             why_not: str = "") -> Tuple[str, str]:
     """The kernel the watch gives the loop's optimizer, (impl, why): the fused one where
-    torch has it for this class on this device, else the optimizer's own."""
+    torch has it for this class on this device, else the optimizer's own; its own where
+    `why_not` says why the watch may not change it (its Plan's line)."""
     name = _CLASSES_BY_TYPE.get(type(optimizer))
     own = _own_impl(optimizer)
-    if not optimize:
-        return own, "optimize=False: the loop runs as written"
+    if why_not:
+        return own, why_not
     if requested in ("auto", "fused") and name and _has_fused(name, device.type) \
             and _can_switch(optimizer):
         return "fused", f"fused {name} kernel exists on {device.type} (for the watch only)"

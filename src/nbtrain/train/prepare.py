@@ -10,6 +10,7 @@ import math
 import time
 import warnings
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Callable, Optional
 
 import torch
@@ -25,7 +26,7 @@ from ..auto.devices import (
 )
 from ..auto.losses import outputs_and_loss
 from ..auto.memory import checkpointed_forward, leaves_no_trace
-from ..auto.precision import bf16_choice, resolve_amp
+from ..auto.precision import bf16_choice, bf16_key, model_inputs, resolve_amp
 from ..auto.workers import settle_workers_and_threads
 from ..config import ConfigError, TrainConfig
 from ..data import (
@@ -45,7 +46,7 @@ from ..data.batches import (
     signature_of,
     source_of,
 )
-from ..machine import device_name, model_key
+from ..machine import model_key
 from ..run import Run
 from .optim import build_optimizer, resolve_impl
 from .schedule import Schedule
@@ -62,7 +63,7 @@ class Position:
 
 @dataclass
 class Setup:
-    """What the loop reads, built by `prepare` before the first step (distributed.py wraps
+    """What the loop reads, built by `prepare` before the first step (parallel/ranks.py wraps
     `forward` in DDP and sets `sum_ranks` while preparing a rank)."""
     device: torch.device
     amp: str
@@ -73,7 +74,7 @@ class Setup:
     loss_fn: Optional[Callable]
     params: list
     val_move: Optional[Callable] = None   # validation data is resolved (pinned, resident) apart
-    sum_ranks: Callable = torch.clone   # the validation sums of every process (distributed.py)
+    sum_ranks: Callable = torch.clone   # the validation sums of every process (parallel/ranks.py)
     position: Position = field(default_factory=Position)
 
 
@@ -81,7 +82,7 @@ def prepare(run: Run, model, train_data, loss_fn, val_data, state=None,
             shard: Callable = lambda batches: batches) -> Setup:
     """Resolve `run`'s settings into run.resolved and build its parts; returns the Setup.
     `state`: the checkpoint being resumed, whose timed choices are kept (kept_choices).
-    `shard(batches)`: a rank's share of the data (distributed.py), taken before anything
+    `shard(batches)`: a rank's share of the data (parallel/ranks.py), taken before anything
     reads a sample, so that the probes read only this rank's samples: a bad sample is
     named with the rank that owns it."""
     cfg = run.config
@@ -179,7 +180,8 @@ def _measure_parts(run: Run, setup: Setup, model, kept: dict, shard: Callable,
                 and device.type in ("cpu", "cuda"):
             run.resolved["amp"] = bf16_choice(
                 lambda amp: probe_step(model, setup, amp, forward=model),
-                key=(device_name(device), key()), device=device,
+                key=bf16_key(model, device, batch_inputs(setup.batches, setup.loss_fn)),
+                device=device,
                 may_measure=_pays_for(run, BF16_PROBE_STEPS))
             setup.amp = run.resolved["amp"][0]
     with _timed(run, parts, "workers/threads probe", "threads and workers"):
@@ -277,6 +279,27 @@ def _data_path(run: Run, batches, device):
 def architecture(model, batches) -> tuple:
     """What the bf16 measurement depends on: the model's key and the batch shapes."""
     return model_key(model), input_shapes(batches)
+
+
+def batch_inputs(batches, loss_fn) -> tuple:
+    """The tensors the model's forward takes positionally in a full batch, as shapes and
+    dtypes (auto.precision.model_inputs), from one sample: what a watch of the same loop
+    reads off the model's first forward, so that both find one bf16 gain. () where no
+    sample can be read, or a mapping goes to the model as keywords."""
+    batches = source_of(batches)
+    holder = getattr(batches, "sampler", None) or getattr(batches, "loader", None)
+    try:
+        if hasattr(batches, "tensors"):
+            sample, size = tuple(t[0] for t in batches.tensors), batches.batch_size
+        else:
+            sample, size = batches.dataset[0], getattr(holder, "batch_size", None)
+    except Exception:
+        return ()
+    if isinstance(sample, Mapping) or size is None:
+        return ()
+    split = loss_fn is not None and isinstance(sample, (tuple, list))
+    args = tuple(sample[:-1]) if split else (sample,)
+    return tuple(((size, *shape), dtype) for shape, dtype in model_inputs(args))
 
 
 def input_shapes(batches):

@@ -25,8 +25,7 @@ class Copies:
 
     def install(self) -> None:
         edge = self.edge
-        self.pending = edge.optimize and torch.cuda.is_available() and \
-            edge.run.config.prefetch_to_device is not False
+        self.pending = edge.plan.may("prefetch_to_device") and torch.cuda.is_available()
         if self.pending:
             self._copy_patches = [edge.patches.patch(torch.Tensor, name, self._copying(name))
                                   for name in ("to", "cuda")]
@@ -101,7 +100,14 @@ class Copies:
             return moved
         return wrap
 
-    def pin_as_found(self, loader) -> tuple:
+    def describe(self, loader) -> None:
+        """A new training loader: pin_memory and prefetch_to_device as they stand before
+        step 1 shows what the loop copies (follow), or for good."""
+        resolved = self.edge.run.resolved
+        resolved["pin_memory"] = self._pin_as_found(loader)
+        resolved["prefetch_to_device"] = (False, self._why_none_ahead())
+
+    def _pin_as_found(self, loader) -> tuple:
         """pin_memory until step 1 shows what the loop copies (follow), or for good."""
         if loader.pin_memory or self.edge.run.config.pin_memory is not True or self.pending:
             return loader.pin_memory, AS_WRITTEN
@@ -111,14 +117,12 @@ class Copies:
                        "prefetch_to_device=False): DataLoader(pin_memory=True) pins your "
                        "loader's batches")
 
-    def why_none_ahead(self) -> str:
+    def _why_none_ahead(self) -> str:
         """Until step 1 shows what the loop copies (follow), or for good."""
         if self.pending:
             return "decided after your loop's first step, on what it copies to the GPU"
-        if not self.edge.optimize:
-            return "off: optimize=False"
-        if self.edge.run.config.prefetch_to_device is False:
-            return "off: asked for"
+        if not self.edge.plan.may("prefetch_to_device"):
+            return self.edge.plan.why_not("prefetch_to_device")
         return "no CUDA device: your loop's batches need no copy to a GPU"
 
 

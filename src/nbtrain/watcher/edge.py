@@ -1,5 +1,8 @@
-"""What the watch's parts share: the step's edge (Edge) and the undo list of every hook
-and patch (Patches). Each part keeps the rest of its state to itself."""
+"""What the watch's parts share: the step's edge (Edge, with its Tally of the step in
+progress and the plan of what the watch may change) and the undo list of every hook and
+patch (Patches). Each part keeps the rest of its state to itself, and no part writes
+another's attributes: the Tally's counts change only through its named methods, and
+"nbtrain's own code runs" only inside `with edge.own:`, which restores what it found."""
 from __future__ import annotations
 
 import time
@@ -39,33 +42,131 @@ class Patches:
                 pass
 
 
-class Edge:
-    """Where a step of the loop stands, as every part sees it: the Run and its interval,
-    the model and its device, the backward calls and training batches since the last step,
-    and whether nbtrain's own code runs now (its calls are not the loop's)."""
+class Tally:
+    """The step in progress, as every part sees it (Accelerate's GradientState is the
+    model): the parts read its fields and change them only through its named methods (the
+    loader part tells it of training batches, the forward part of a forward's samples
+    without a DataLoader, the watcher of each backward, and the steps part closes the
+    step). tests/test_watch_rooms.py checks that no other code assigns them: plain slots,
+    since the loop's every batch and backward reads them."""
 
-    __slots__ = ("run", "optimize", "patches", "model", "device", "interval", "inside",
-                 "samples", "backwards", "batches", "trained", "at_boundary", "started",
-                 "stop_asked", "marks_steps", "waited_s")
+    __slots__ = ("samples", "backwards", "batches", "trained", "at_boundary")
 
-    def __init__(self, run, optimize: bool):
-        self.run, self.optimize, self.patches = run, optimize, Patches()
-        self.model = self.device = self.interval = None
-        self.inside = False        # nbtrain's own code runs: its calls are not the loop's
+    def __init__(self):
         self.samples = 0           # samples of the step's batches not yet added to a loss
         self.backwards = 0         # backward() calls since the last step
         self.batches = 0           # training batches since the last step
-        self.trained = False       # the loop's first backward has run
+        self.trained = False       # the loop's first sign of training has come
         self.at_boundary = True    # between two steps: where Stop ends the loop
+
+    # -- what comes in: batches, forwards, backwards ---------------------------------------
+    def batch(self, samples: int) -> None:
+        """A batch of the training loader (a GAN's counted once: its loader's)."""
+        self.samples += samples
+        self.batches += 1
+
+    def forward(self, samples: int) -> None:
+        """A forward's samples, where no DataLoader tells them (a policy's states)."""
+        self.samples += samples
+
+    def other_loader(self, samples: int) -> None:
+        """The training loader turned out to be another one (Loader.adopt): the step's
+        samples are that one's last batch, not the batches seen before."""
+        self.samples = samples
+
+    def looked_at(self) -> None:
+        """A pass over the training loader that made no step was a look at a batch (a
+        tutorial's `next(iter(loader))`): its batches are no step's."""
+        if not self.backwards:
+            self.samples = self.batches = 0
+
+    def backward(self) -> int:
+        """A backward of the loop's: the step has begun; returns the samples of its
+        micro-batch (a loss's), which the next micro-batch does not count again."""
+        samples, self.samples = self.samples, 0
+        self.backwards += 1
+        self.at_boundary = False
+        return samples
+
+    def reevaluated(self) -> None:
+        """A closure's backward after its first (LBFGS): the same step's evaluation, no
+        samples of its own."""
+        self.samples = 0
+
+    def training(self) -> None:
+        """The loop's first sign of training without a backward (an optimizer's step)."""
+        self.trained = True
+
+    # -- what the steps part does at a step's end ------------------------------------------
+    def joined(self) -> None:
+        """A second optimizer stepped on the same batch (a GAN): its backwards are the
+        step's, already counted."""
+        self.backwards = 0
+
+    def take_samples(self) -> int:
+        """A step without backward: its batch's samples, taken."""
+        samples, self.samples = self.samples, 0
+        return samples
+
+    def close(self, boundary: bool = True) -> tuple:
+        """The step ends: (batches, backwards) it saw, and the counts start again;
+        `boundary`: the loop is between steps (with several optimizers a step, only after
+        the last of them)."""
+        seen = self.batches, self.backwards
+        self.backwards = self.batches = 0
+        self.at_boundary = boundary
+        return seen
+
+    def boundary(self, between: bool) -> None:
+        self.at_boundary = between
+
+
+class OwnCode:
+    """`with edge.own:`: nbtrain's own code runs (a record's reads, the scaler's calls), so
+    the watch's wrappers let its calls through uncounted; the flag is restored to what it
+    was on the way out, so nested uses and errors leave it as found."""
+
+    __slots__ = ("edge", "_saved")
+
+    def __init__(self, edge):
+        self.edge, self._saved = edge, []
+
+    def __enter__(self):
+        self._saved.append(self.edge.inside)
+        self.edge.inside = True
+
+    def __exit__(self, *exc) -> None:
+        self.edge.inside = self._saved.pop()
+
+
+class Edge:
+    """Where a step of the loop stands, as every part sees it: the Run and its interval,
+    the model and its device (set once, by the watcher, when it finds them), the step in
+    progress (`tally`), what the watch may change (`plan`), and whether nbtrain's own code
+    runs now (`inside`, read here, set only by `with edge.own:`)."""
+
+    __slots__ = ("run", "plan", "patches", "model", "device", "interval", "inside", "own",
+                 "tally", "started", "stop_asked", "marks_steps", "waited_s")
+
+    def __init__(self, run, plan):
+        self.run, self.plan, self.patches = run, plan, Patches()
+        self.model = self.device = self.interval = None
+        self.inside = False        # nbtrain's own code runs: its calls are not the loop's
+        self.own = OwnCode(self)
+        self.tally = Tally()
         self.started = time.perf_counter()
         self.stop_asked = run.stop_check()
         self.marks_steps = False   # the interval's timer marks each step's start
-        self.waited_s = 0.0        # the whole watch's data wait (the bf16 trial's blocks)
+        self.waited_s = 0.0        # the whole watch's data wait (the loader part adds to it)
+
+    @property
+    def trained(self) -> bool:
+        return self.tally.trained
 
     def stop_if_asked(self) -> None:
         """End the loop at the step boundary: after a finished step, before the next one
         has changed anything (its batch may be loaded; its forward has not run). Called
-        only at a boundary: the callers, which run every step, check `at_boundary` first."""
+        only at a boundary: the callers, which run every step, check it first."""
         if self.stop_asked():   # Run.stop_requested, one call where the property makes two
             raise StopWatching()
 

@@ -43,8 +43,8 @@ class Loader:
     (the batched fetch, workers). It hands the batches to the copies part and starts a
     FLOP count due (the measuring part) at a training batch."""
 
-    def __init__(self, edge, copies, measure):
-        self.edge, self.copies, self.measure = edge, copies, measure
+    def __init__(self, edge, copies, measure, ranks=None):
+        self.edge, self.copies, self.measure, self.ranks = edge, copies, measure, ranks
         self.training = None            # weakref to the loader the loop trains on
         self.collates_tensors = False   # the loop's DataLoader collates tensors sample by sample
         self._last_loader = None        # weakref to the loader iterated last (adopt)
@@ -55,7 +55,6 @@ class Loader:
         self._worker_trial = None       # (workers, the epoch before's per batch) while tried
         self._other_samples = 0         # the last batch of another loader, until the first backward
         self._pass_started_at = 0       # the Run's step as the training loader's pass began
-        self.ranks = None               # ranks.DataParallel: one rank of N, its loader sharded
         self._shadows = weakref.WeakKeyDictionary()           # your loader -> one with workers
         self._shadow_iterators = weakref.WeakKeyDictionary()  # your loader -> that one's iterator
 
@@ -76,6 +75,7 @@ class Loader:
     def _timed_batches(self, loader, original):
         self._new_epoch(loader)
         edge, copies, measure = self.edge, self.copies, self.measure
+        tally = edge.tally
         training = self.training() is loader
         with workers_collect_none_of_ours():   # iter() forks the workers
             batches = self.ranks.shard(loader) if self._sharded(loader, training) \
@@ -86,7 +86,7 @@ class Loader:
         stop_asked = edge.stop_asked
         epoch_start, waited, fetched, first_s = clock(), 0.0, 0, 0.0
         while True:
-            if edge.at_boundary and stop_asked():   # Edge.stop_if_asked, inlined
+            if tally.at_boundary and stop_asked():   # Edge.stop_if_asked, inlined
                 raise StopWatching()
             start = clock()
             try:
@@ -106,8 +106,7 @@ class Loader:
                     interval.data_wait_s += wait
             fetched += 1
             if training:   # the samples of a step are its training batches' (a GAN's once)
-                edge.samples += _batch_samples(batch)
-                edge.batches += 1
+                tally.batch(_batch_samples(batch))
                 if edge.marks_steps:   # CUDA: the step's work starts with its batch
                     interval.step_starts()
                 if measure.count is not None:
@@ -115,7 +114,7 @@ class Loader:
                 if copies.pending:
                     batches = copies.follow(batch, batches, loader,
                                             edge.run.resolved["batched_fetch"][0])
-            elif not edge.trained:   # another loader's batch may be the first one trained on
+            elif not tally.trained:   # another loader's batch may be the first one trained on
                 self._other_samples = _batch_samples(batch)
             yield batch
 
@@ -124,7 +123,7 @@ class Loader:
         and, until the loop has trained, any other; never one under no_grad (an
         evaluation, on every sample on every rank)."""
         return self.ranks is not None and torch.is_grad_enabled() and (
-            training or not self.edge.trained)
+            training or not self.edge.tally.trained)
 
     def _source(self, loader, original):
         """Where this pass's batches come from: one index op per batch, the loader's
@@ -153,8 +152,8 @@ class Loader:
         (measured on the loop's own steps: nothing is run to find out)."""
         run = self.edge.run
         cfg = run.config
-        if not self.edge.optimize or self.training() is not loader or _batchable(loader) \
-                or isinstance(loader.dataset, IterableDataset) or loader.batch_sampler is None:
+        if not self.edge.plan.may("num_workers") or self.training() is not loader \
+                or _batchable(loader) or isinstance(loader.dataset, IterableDataset) or loader.batch_sampler is None:
             return 0
         if cfg.num_workers != "auto":
             run.resolved["num_workers"] = (cfg.num_workers, "asked for: your loader's batches "
@@ -227,7 +226,7 @@ class Loader:
     def _new_epoch(self, loader) -> None:
         """Each pass over the training loader starts an epoch. Until the loop's first
         backward, the training loader is the first one iterated (adopt checks it)."""
-        if not self.edge.trained:
+        if not self.edge.tally.trained:
             self._last_loader = weakref.ref(loader)
         if self.training is None:
             self.training = weakref.ref(loader)
@@ -246,8 +245,8 @@ class Loader:
         edge = self.edge
         if edge.run.step > self._pass_started_at:
             edge.run.next_epoch()
-        elif not edge.backwards:
-            edge.samples = edge.batches = 0
+        else:
+            edge.tally.looked_at()
         self._pass_started_at = edge.run.step
 
     def adopt(self) -> None:
@@ -259,7 +258,7 @@ class Loader:
             return
         self.training = weakref.ref(last)
         self._describe(last)
-        self.edge.samples = self._other_samples   # the first loader's batches were no step's
+        self.edge.tally.other_loader(self._other_samples)   # the first loader's batches were no step's
 
     def _describe(self, loader) -> None:
         self._epoch_wait = self._per_batch_s = self._worker_trial = None   # another loader's
@@ -267,20 +266,16 @@ class Loader:
         edge = self.edge
         resolved, cfg = edge.run.resolved, edge.run.config
         resolved["num_workers"] = (loader.num_workers, AS_WRITTEN)
-        resolved["pin_memory"] = self.copies.pin_as_found(loader)
-        resolved["prefetch_to_device"] = (False, self.copies.why_none_ahead())
-        why_not = _why_not_batchable(loader)
+        self.copies.describe(loader)
+        why_not, refused = _why_not_batchable(loader), edge.plan.why_not("batched_fetch")
         possible = not why_not
         if cfg.batched_fetch is True and not possible:
             why = "not possible for this DataLoader: " + why_not
-        elif not edge.optimize or cfg.batched_fetch is False:
-            why = "off: " + ("optimize=False" if not edge.optimize else "asked for")
         else:
-            why = why_not or ("a TensorDataset with the default collate: one index op per "
-                              "batch instead of a __getitem__ per sample, the same batches in "
-                              "the same order")
-        resolved["batched_fetch"] = (bool(edge.optimize and possible
-                                          and cfg.batched_fetch is not False), why)
+            why = refused or why_not or (
+                "a TensorDataset with the default collate: one index op per batch instead "
+                "of a __getitem__ per sample, the same batches in the same order")
+        resolved["batched_fetch"] = (possible and not refused, why)
         self.collates_tensors = possible and not resolved["batched_fetch"][0]
 
     def _batched(self, loader) -> bool:

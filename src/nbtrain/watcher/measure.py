@@ -37,7 +37,6 @@ from ..auto.precision import (
     remember_bf16_gain,
 )
 from ..machine import load_now
-from .precision import bf16_key
 
 BLOCK_S = 0.03       # a trial block's length: many steps of a small model, a few of a large one
 BLOCK_STEPS = 3      # at least
@@ -47,12 +46,13 @@ PEAK_PROBE_S = 1.0   # what a GEMM probe of the peak may take (flops.probe_gemm)
 
 
 class Measure:
-    """The watch's part that measures within the budget: the bf16 trial (it sets the
-    precision part's amp while it runs), the FLOP count, the peak. `done` is called once
-    nothing is left to measure (the watch may then drop its forward hooks)."""
+    """The watch's part that measures within the budget: the bf16 trial (it tells the
+    autocast part which amp each block runs in, and its verdict), the FLOP count, the peak.
+    `done` is called once nothing is left to measure (the watch may then drop its forward
+    hooks)."""
 
-    def __init__(self, edge, precision, done):
-        self.edge, self.precision, self._done = edge, precision, done
+    def __init__(self, edge, autocast, done):
+        self.edge, self.autocast, self._done = edge, autocast, done
         self.pending = False       # a part is pending or running: step ends look (fast flag)
         self.measured_s = 0.0      # what the measuring cost the loop so far
         self.count = None          # "due": the next step is counted; a FlopCount while it runs
@@ -63,11 +63,12 @@ class Measure:
         self._compiled = False
         self._conv_share = 0.0
 
-    def plan(self, model, bf16_trial: bool) -> None:
-        """At the model's first forward: what is to be measured on it."""
+    def plan(self, model, key, bf16_trial: bool) -> None:
+        """At the model's first forward: what is to be measured on it; `key`, what a
+        bf16 gain and a FLOP count depend on (auto.precision.bf16_key)."""
         resolved = self.edge.run.resolved
         if bf16_trial:
-            self._plan_trial(model, resolved)
+            self._plan_trial(key)
         self._compiled = type(model).__name__ == "OptimizedModule"
         if not self.edge.run.config.count_flops:
             return
@@ -75,23 +76,23 @@ class Measure:
             resolved["flops_per_step"] = (None, "not counted: a torch.compile'd model "
                                           "(a counting mode would run it uncompiled)")
             return
-        self._count_key = (bf16_key(model, self.edge.device), str(self.edge.device))
+        self._count_key = (key, str(self.edge.device))
         counted = _COUNTED.get(self._count_key)
         if counted is not None:
             self._set_flops(*counted, "counted before in this process for this model")
         self._peak_due = True
         self.pending = True
 
-    def _plan_trial(self, model, resolved) -> None:
+    def _plan_trial(self, key) -> None:
         """The bf16 trial, going on from the blocks the model's earlier runs kept."""
-        self._trial_key = bf16_key(model, self.edge.device)
-        kept = bf16_blocks(self._trial_key)
+        self._trial_key = key
+        kept = bf16_blocks(key)
         # the load before the loop's own steps add to it, or the kept blocks' first one's
         self._trial = Bf16Trial(load=kept["load"] if kept else load_now(), kept=kept)
         self.pending = True
         if kept and self._trial.pairs():
-            amp, why = resolved["amp"]
-            resolved["amp"] = (amp, f"{why}; {self._trial.standing()} so far")
+            amp, why = self.edge.run.resolved["amp"]
+            self.autocast.settle(amp, f"{why}; {self._trial.standing()} so far")
 
     def undecided(self) -> bool:
         """Whether bf16 is still to be decided by a trial on the loop's steps."""
@@ -133,7 +134,7 @@ class Measure:
             if self._affordable(trial.cost_s(step_s), now):
                 now = self._gpu_done(now)
                 trial.start(step_s, now, self.edge.waited_s, self.edge.run.step + 1, trial.unit())
-                self.precision.amp = trial.mode
+                self.autocast.run_in(trial.mode)
             return   # the FLOPs and the peak after the trial: the peak depends on the amp
         if self._flops_wanted():
             if self._affordable(COUNT_COST * step_s, now):
@@ -141,7 +142,7 @@ class Measure:
             return
         if self._peak_due:
             from ..auto import flops   # each use loads it: a watch measuring nothing never does
-            cost = 0.0 if flops.peak_known(self.edge.device, self.precision.amp) else PEAK_PROBE_S
+            cost = 0.0 if flops.peak_known(self.edge.device, self.autocast.amp) else PEAK_PROBE_S
             if self._affordable(cost, now):
                 self._probe_peak()
 
@@ -168,7 +169,7 @@ class Measure:
         if ends_block:
             now = self._gpu_done(now)
         trial.step_done(now, edge.waited_s, ends_block)
-        self.precision.amp = trial.mode
+        self.autocast.run_in(trial.mode)
         if trial.running:
             return
         self._spent(trial.take_extra_s())   # the unit's cost, as it ends
@@ -182,15 +183,15 @@ class Measure:
         edge = self.edge
         self._trial = None
         keep, gain, why = trial.verdict()
-        self.precision.amp = amp = "bf16" if keep else "off"
+        amp = "bf16" if keep else "off"
         if trial.decisive():
             remember_bf16_gain(self._trial_key, gain, trial.load)
             drop_bf16_blocks(self._trial_key)
         else:
             ran = time.perf_counter() - edge.started
             keep_bf16_blocks(self._trial_key, trial.kept(ran, blocks=False))
-        edge.run.resolved["amp"] = (amp, f"{bf16_units(edge.device)}; {why} (measured on "
-                                    f"your loop's own steps {trial.steps_measured(edge.run.step)})")
+        self.autocast.settle(amp, f"{bf16_units(edge.device)}; {why} (measured on your "
+                             f"loop's own steps {trial.steps_measured(edge.run.step)})")
         self._done()
 
     def _gpu_done(self, now: float) -> float:
@@ -239,14 +240,13 @@ class Measure:
     def _probe_peak(self) -> None:
         from ..auto import flops
         started, edge = time.perf_counter(), self.edge
-        edge.inside = True
         try:
-            edge.run.resolved["peak_tflops"] = flops.run_peak(
-                edge.device, self.precision.amp, torch.get_num_threads(), self._conv_share)
+            with edge.own:
+                peak = flops.run_peak(edge.device, self.autocast.amp, torch.get_num_threads(),
+                                      self._conv_share)
         except Exception as exc:
-            edge.run.resolved["peak_tflops"] = (None, f"not measured ({type(exc).__name__}: {exc})")
-        finally:
-            edge.inside = False
+            peak = (None, f"not measured ({type(exc).__name__}: {exc})")
+        edge.run.resolved["peak_tflops"] = peak
         self._peak_due = False
         self._spent(time.perf_counter() - started)
 
@@ -260,7 +260,7 @@ class Measure:
             now = time.perf_counter()
             self._trial.abandon(now, self.edge.waited_s)
             self._spent(self._trial.take_extra_s())
-            self.precision.amp = "off"
+            self.autocast.run_in("off")
 
     def say_what_was_not_measured(self) -> None:
         edge = self.edge
@@ -269,7 +269,7 @@ class Measure:
                f"{budget.words()} of it")
         resolved = edge.run.resolved
         if self._trial is not None:
-            resolved["amp"] = ("off", self._keep_trial(ran, why))
+            self.autocast.settle("off", self._keep_trial(ran, why))
             self._trial = None
         if edge.run.config.count_flops and not self._compiled and edge.model is not None \
                 and "flops_per_step" not in resolved:

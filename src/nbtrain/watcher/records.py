@@ -125,13 +125,10 @@ class Records:
             interval.count("collated_samples", interval.samples)
         interval.count("kept_losses", interval.steps * self._keeps_losses)
         self._host_reads = 0
-        edge.inside = True   # the record's reads of the losses are not the loop's
-        try:
+        with edge.own:   # the record's reads of the losses are not the loop's
             log_interval(run, interval, _lr(run.optimizer))
             if flush:
                 flush_interval(run, interval)
-        finally:
-            edge.inside = False
 
     def flush(self) -> None:
         flush_interval(self.edge.run, self.edge.interval)

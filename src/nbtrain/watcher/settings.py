@@ -1,22 +1,46 @@
-"""What a watch may set on someone else's loop: the TrainConfig fields it applies, and the
-check that refuses the ones the loop decides (its DataLoader, optimizer, epochs)."""
+"""What a watch may set on someone else's loop: the TrainConfig fields it applies, the
+check that refuses the ones the loop decides (its DataLoader, optimizer, epochs), and the
+Plan of what one watch may change. Which is which is declared on each field's
+`setting(..., watch=...)` in config.py; the lists here are derived from it."""
 from __future__ import annotations
 
 import functools
 
-from ..config import SETTINGS, ConfigError, TrainConfig, as_config
+from ..config import SETTINGS, ConfigError, TrainConfig, as_config, watch_refusal, watched_as
 
 AS_WRITTEN = "your loop's own"   # why a setting is as the loop has it
+OPTIMIZE_OFF = "optimize=False: your loop runs as written"   # why the watch changes nothing
 
-# The TrainConfig fields a watch can apply to someone else's loop; the rest (epochs,
-# batch_size, optimizer, lr, scheduler, ...) the loop itself decides.
-OWN_LOOP_FIELDS = ("amp", "batched_fetch", "pin_memory", "prefetch_to_device", "num_workers",
-                   "num_threads", "optimizer_impl", "channels_last", "log_every", "count_flops",
-                   "telemetry", "history_limit", "on_nan")
-# Settings a watch does not apply: asked for, they are refused rather than ignored.
-NOT_APPLIED = {
-    "persistent_workers": "the workers nt.watch starts are kept across epochs already",
-}
+# The TrainConfig fields a watch applies to someone else's loop: those it changes the loop
+# by and those it observes it by; the rest (epochs, batch_size, optimizer, lr, scheduler,
+# ...) the loop itself decides.
+OWN_LOOP_FIELDS = watched_as("changes") + watched_as("observes")
+
+
+class Plan:
+    """What one watch may change in the loop, decided once as it starts (as nanoGPT makes
+    its `ctx` and `scaler` once before its loop): for each field it changes, the reason it
+    may not, or '' where it may. Each part reads its line; none asks `optimize` again."""
+
+    __slots__ = ("_why_not",)
+
+    def __init__(self, config: TrainConfig, optimize: bool):
+        self._why_not = {name: _why_not(getattr(config, name), optimize)
+                         for name in watched_as("changes")}
+
+    def may(self, name: str) -> bool:
+        return not self._why_not[name]
+
+    def why_not(self, name: str) -> str:
+        return self._why_not[name]
+
+
+def _why_not(value, optimize: bool) -> str:
+    if not optimize:
+        return OPTIMIZE_OFF
+    if value is False or value == "off":
+        return "off: asked for"
+    return ""
 # The default log_every's records, from READS_COUNTED_FOR on: every 10 steps, at least
 # RECORD_EVERY_S and at most RECORDS_MERGED x 10 steps apart. A record costs ~50 us of cold
 # Python (docs/guide/measured.md): every 10 steps of a 0.5 ms step, that is 1% of the loop's
@@ -46,9 +70,9 @@ def own_loop_config(config, settings: dict) -> TrainConfig:
     changed = [name for name in SETTINGS if name in settings
                or getattr(base, name) != getattr(defaults, name)]
     for name in changed:
-        if name in NOT_APPLIED:
+        if watch_refusal(name):
             raise ConfigError(f"TrainConfig.{name} is not applied to a loop of your own: "
-                              f"{NOT_APPLIED[name]}.", field=name)
+                              f"{watch_refusal(name)}.", field=name)
     if settings.get("on_nan", base.on_nan) == "skip":
         raise ConfigError("TrainConfig.on_nan='skip' would skip your loop's update, which "
                           "runs in your code: nt.watch takes on_nan='stop' (a non-finite loss "

@@ -40,10 +40,10 @@ from ..train.optim import apply_impl, impl_for
 class Steps:
     """The watch's part that ends steps: the optimizers' step hooks, or a loop's updates by
     hand. At a step's end it asks the records part for a record due and the measuring part
-    to look; around an fp16 step, the precision part unscales."""
+    to look; around an fp16 step, the scaling part unscales (fp16.py)."""
 
-    def __init__(self, edge, precision, records, measure, first_sign):
-        self.edge, self.precision, self.records, self.measure = edge, precision, records, measure
+    def __init__(self, edge, scaling, records, measure, first_sign):
+        self.edge, self.scaling, self.records, self.measure = edge, scaling, records, measure
         self._first_sign = first_sign   # core: the loop's first sign of training (its device)
         self.hand = None                # HandSteps: while no optimizer has stepped
         self.micro_last = 1             # backward() calls of the last step
@@ -70,13 +70,12 @@ class Steps:
         if optimizer not in self._optimizers:
             self._adopt(optimizer)
         self.in_step = True
-        if edge.backwards:
-            if self.precision.scaler is not None:
-                self.precision.unscale_or_skip(optimizer)
+        if edge.tally.backwards:
+            self.scaling.unscale_or_skip(optimizer)   # fp16 only (fp16.py)
             # a second Ctrl-C waits until the step is counted (Run.enter, as an attribute
             # set: this runs every step, and a call costs more than the set)
             edge.run.phase = "update"
-        elif edge.at_boundary:   # a closure's step, or one without backward: Stop ends the
+        elif edge.tally.at_boundary:   # a closure's step, or one without backward: Stop ends the
             edge.stop_if_asked()   # loop here, before the step has changed anything
 
     def _adopt(self, optimizer) -> None:
@@ -87,7 +86,8 @@ class Steps:
         if run.optimizer is None:
             run.equip(optimizer=optimizer)
         device = optimizer.param_groups[0]["params"][0].device
-        impl, why = impl_for(optimizer, device, run.config.optimizer_impl, edge.optimize)
+        impl, why = impl_for(optimizer, device, run.config.optimizer_impl,
+                             edge.plan.why_not("optimizer_impl"))
         run.resolved.setdefault("optimizer_impl", (impl, why))
         if impl in ("fused", "foreach"):
             self._flags_as_found[optimizer] = [_flags(g) for g in optimizer.param_groups]
@@ -98,34 +98,38 @@ class Steps:
         step with no training batch between and did not step itself since: a GAN's
         generator after its discriminator, on the same batch."""
         edge = self.edge
-        if self.precision.stepped_scaled():
-            self.precision.after_scaled_step()
+        tally = edge.tally
+        if self.scaling.stepped_scaled():
+            self.scaling.after_scaled_step()
         self.in_step = False
         if edge.inside:
             return
         if self._lead is None:
             self._lead, self.hand = optimizer, None
             self._describe()
-        if not edge.trained:   # no backward: the step is the only sign of training
+        if not tally.trained:   # no backward: the step is the only sign of training
             self._first_sign(optimizer.param_groups[0]["params"][0].device)
         key, stepped = id(optimizer), self._stepped
-        if edge.batches or not stepped or key in stepped:   # it starts a step
-            self.close()
+        if tally.batches or not stepped or key in stepped:   # it starts a step
+            self.close()   # the loop at the boundary, unless more optimizers step after this
             if len(stepped) > 1 and key != stepped[0]:
                 self._own_step_before(key)
             self._stepped = [key]
-        else:   # a second optimizer on the same batch: the same step (its backwards too)
-            if edge.backwards:
-                interval = edge.interval
-                self._joined_saw = interval.samples > interval.samples_done
-                interval.extend_step()
-                edge.backwards = 0
-            self._stepped.append(key)
-        if len(self._stepped) > self._per_step:
-            self._per_step = len(self._stepped)
+            if self._per_step > 1:
+                tally.boundary(False)
+            return
+        # a second optimizer on the same batch: the same step (its backwards too)
+        if tally.backwards:
+            interval = edge.interval
+            self._joined_saw = interval.samples > interval.samples_done
+            interval.extend_step()
+            tally.joined()
+        stepped.append(key)
+        if len(stepped) > self._per_step:
+            self._per_step = len(stepped)
             self._describe()
         # with several optimizers a step, the boundary is after the last of them
-        edge.at_boundary = len(self._stepped) >= self._per_step
+        tally.boundary(len(stepped) >= self._per_step)
 
     def _own_step_before(self, key: int) -> None:
         """The optimizer that just stepped had joined the step before after another one:
@@ -145,10 +149,9 @@ class Steps:
     def close(self, measure: bool = True) -> None:
         """The step ends: counted, its record if one is due, the measuring part told."""
         edge = self.edge
-        run, interval = edge.run, edge.interval
-        if not edge.backwards:   # an optimizer step without backward: its batch's samples
-            interval.add_samples(edge.samples)
-            edge.samples = 0
+        run, interval, tally = edge.run, edge.interval, edge.tally
+        if not tally.backwards:   # an optimizer step without backward: its batch's samples
+            interval.add_samples(tally.take_samples())
             run.resolved.setdefault("loss", (None, (
                 "not seen: your loop's steps run no backward() the watch sees (gradients "
                 "set by hand, or from torch.func), so no loss is recorded")))
@@ -157,14 +160,13 @@ class Steps:
             self._samples_last = seen
         else:   # no batch, no forward seen: the data the loop holds, the last step's
             interval.add_samples(self._samples_last)
-        run.advance(edge.batches or edge.backwards or 1)
+        batches, backwards = tally.close()
+        run.advance(batches or backwards or 1)
         interval.end_step()
-        self.micro_last = edge.backwards
-        edge.backwards = edge.batches = 0
+        self.micro_last = backwards
         if interval.steps >= self.records.record_at:
             self.records.record_due()
         run.phase = "load"   # Run.enter, inlined (above)
-        edge.at_boundary = True
         if measure and self.measure.pending:
             self.measure.step_ends(by_hand=self.hand is not None)
 

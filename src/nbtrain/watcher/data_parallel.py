@@ -39,8 +39,9 @@ class NotDataParallel(RuntimeError):
 class DataParallel:
     """The watch's part that makes the loop data-parallel over `world` ranks."""
 
-    def __init__(self, edge, loader, rank: int, world: int):
-        self.edge, self.loader, self.rank, self.world = edge, loader, rank, world
+    def __init__(self, edge, rank: int, world: int, trains_on_a_loader):
+        self.edge, self.rank, self.world = edge, rank, world
+        self._trains_on_a_loader = trains_on_a_loader   # the loader part's answer
         self._buckets = None    # the model's trainable parameters: averaged in each backward
         self._averaged = set()  # ids of the parameters averaged since their optimizer's step
 
@@ -75,7 +76,7 @@ class DataParallel:
     def _average_rest(self, optimizer, args, kwargs) -> None:
         if self.edge.inside:
             return
-        if self.loader.training is None:
+        if not self._trains_on_a_loader():
             raise NotDataParallel(
                 f"--processes {self.world}: your loop trains on data that comes from no "
                 "DataLoader, so nbtrain cannot give each process its share; it would train "
@@ -114,12 +115,8 @@ class DataParallel:
                            num_workers=loader.num_workers, collate_fn=loader.collate_fn,
                            pin_memory=loader.pin_memory, timeout=loader.timeout,
                            worker_init_fn=loader.worker_init_fn, generator=loader.generator)
-        edge = self.edge
-        edge.inside = True   # the shard's own iterator is nbtrain's, not a loader of the loop
-        try:
+        with self.edge.own:   # the shard's own iterator is nbtrain's, not a loader of the loop
             return iter(shard)
-        finally:
-            edge.inside = False
 
     def _my_indices(self, sampler):
         """Every world-th index of the epoch's order from this rank's own, drawn as the

@@ -8,8 +8,8 @@ Each record's numbers become scalars at its step (loss, lr, samples/s, step time
 wait, MFU, memory, the validation loss); the config and the settings "auto" resolved,
 with their reasons, become params (MLflow) and hparams and a text (TensorBoard); the
 state at the end ends the MLflow run. As for the run store, the training thread only
-appends to a queue: each reporter has a thread of its own, and the run's end waits for
-it (an MLflow server far away is the run's cost only there). A reporter that fails
+appends to a queue: each tracker has a thread of its own, and the run's end waits for
+it (an MLflow server far away is the run's cost only there). A tracker that fails
 gives one warning and the run trains on.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from ..run import Run
 
 EXTRAS = {"tensorboard": ("tensorboard", "TensorBoard"), "mlflow": ("mlflow", "MLflow")}
 NOT_SCALARS = ("step", "epoch", "samples", "steps", "interval_s", "time_s")
-END_WAIT_S = 60.0   # the run's end waits this long for a reporter to send what it has
+END_WAIT_S = 60.0   # the run's end waits this long for a tracker to send what it has
 MLFLOW_STATUS = {"finished": "FINISHED", "failed": "FAILED"}   # the rest: KILLED
 
 
@@ -40,7 +40,7 @@ def wanted(cfg: TrainConfig) -> tuple:
 
 
 def check(cfg: TrainConfig) -> None:
-    """A reporter whose library is missing: a ConfigError naming the extra, before the run."""
+    """A tracker whose library is missing: a ConfigError naming the extra, before the run."""
     for name in wanted(cfg):
         module, label = EXTRAS[name]
         if importlib.util.find_spec(module) is None:
@@ -50,12 +50,12 @@ def check(cfg: TrainConfig) -> None:
                 f"{module}), or leave {name} out of report_to.", field="report_to")
 
 
-def attach(run: Run) -> List["Reporter"]:
-    """Start the reporters `run.config.report_to` asks for; they subscribe to the run."""
-    reporters = [Reporter(run, SINKS[name](run)) for name in wanted(run.config)]
-    for reporter in reporters:
-        run.subscribe(reporter)
-    return reporters
+def attach(run: Run) -> List["Tracker"]:
+    """Start the trackers `run.config.report_to` asks for; they subscribe to the run."""
+    trackers = [Tracker(run, SINKS[name](run)) for name in wanted(run.config)]
+    for tracker in trackers:
+        run.subscribe(tracker)
+    return trackers
 
 
 def numbers(record: dict) -> dict:
@@ -79,7 +79,7 @@ def _plain(value):
     return str(value)
 
 
-class Reporter:
+class Tracker:
     """A run's subscriber that hands each record to a sink's own thread."""
 
     def __init__(self, run: Run, sink):
@@ -119,7 +119,7 @@ class Reporter:
                 if ended:
                     self.sink.end(ended[-1])
                     return
-        except Exception as exc:   # a reporter's failure must not reach the loop
+        except Exception as exc:   # a tracker's failure must not reach the loop
             self._failed = f"{type(exc).__name__}: {exc}"
             self._queue.clear()
             try:
@@ -128,7 +128,7 @@ class Reporter:
                 pass
 
 
-# -- the sinks: the libraries' own calls, in the reporter's thread ------------------------------------
+# -- the sinks: the libraries' own calls, in the tracker's thread ------------------------------------
 class TensorBoardSink:
     """torch.utils.tensorboard.SummaryWriter: a log dir per run under report_dir."""
     name = "tensorboard"
