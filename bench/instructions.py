@@ -42,7 +42,7 @@ void start(void) { CALLGRIND_START_INSTRUMENTATION; CALLGRIND_ZERO_STATS; }
 void dump(const char *name) { CALLGRIND_DUMP_STATS_AT(name); }
 """
 # steps of the short call: its count is the fixed part plus these steps; past the first
-# 30 steps of a watch, which counts the loop's host reads only there (watcher.py)
+# 30 steps of a watch, which counts the loop's host reads only there (watcher/records.py)
 SHORT = 110
 
 

@@ -157,6 +157,7 @@ def test_fit_and_the_watch_climb_one_amp_ladder(monkeypatch, requested, has_bf16
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "an old GPU")
     monkeypatch.setattr(ladder, "device_name", lambda device: "an old GPU")
     monkeypatch.setattr(autocast, "known_bf16_gain", lambda key: (1.5, "measured"))
+    monkeypatch.setattr(autocast, "clip_out_of_reach", lambda: "")   # see the test below
     gpu = torch.device("cuda", 0)
 
     def answer(resolve):
@@ -173,3 +174,19 @@ def test_fit_and_the_watch_climb_one_amp_ladder(monkeypatch, requested, has_bf16
                        "(an old GPU): use amp='fp16'.")
     if requested == "auto":
         assert fit == ("bf16" if has_bf16 else "fp16")
+
+
+def test_auto_keeps_fp32_where_a_name_bound_before_the_watch_holds_torchs_clip(monkeypatch):
+    """`from torch.nn.utils import clip_grad_norm_` before the watch: the watch's patched
+    clip cannot reach that name, which would clip fp16's scaled gradients, so "auto" on a
+    GPU without bf16 keeps fp32 and says which name; asked for, fp16 is the user's."""
+    from nbtrain.auto import precision as ladder
+    from nbtrain.watcher.autocast import watch_amp
+    monkeypatch.setattr(ladder, "gpu_has_bf16", lambda device: False)
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setitem(globals(), "held_clip", torch.nn.utils.clip_grad_norm_)
+    amp, why = watch_amp("auto", gpu, "", ("key",), False)
+    assert amp == "off" and "`held_clip`" in why and "torch.nn.utils.clip_grad_norm_(" in why
+    assert watch_amp("fp16", gpu, "", ("key",), False)[0] == "fp16"
+    monkeypatch.delitem(globals(), "held_clip")
+    assert "held_clip" not in watch_amp("auto", gpu, "", ("key",), False)[1]

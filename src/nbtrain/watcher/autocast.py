@@ -17,6 +17,7 @@ from ..auto.precision import (
     model_inputs,
     resolve_amp,
 )
+from .fp16 import clip_out_of_reach
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TRIAL = "trial"   # watch_amp's value where bf16 is measured on the loop's own steps
@@ -120,6 +121,11 @@ def watch_amp(requested: str, device: torch.device, why_not: str, key, own_autoc
     if own_autocast:
         return "off", "your loop runs its forward under its own autocast: kept as it is"
     amp, why = resolve_amp(requested, device)
+    held = clip_out_of_reach() if amp == "fp16" and requested == "auto" else ""
+    if held:
+        return "off", (f"{why}; but {held}, bound before the watch, which would clip fp16's "
+                       "scaled gradients: fp32, as written (call it as "
+                       "torch.nn.utils.clip_grad_norm_(...) to have its limit scaled along)")
     if amp == "fp16":
         return "fp16", (f"{why}: autocast to float16, and a GradScaler through the backward "
                         "and step hooks (the loss scaled, the step skipped on inf)")

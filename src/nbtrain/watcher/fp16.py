@@ -26,6 +26,31 @@ def loss_scaling(edge, autocast):
     return NoScaling()
 
 
+CLIPS = ("clip_grad_norm_", "clip_grad_value_")   # torch.nn.utils's, scaled along (_wrap_clip)
+
+
+def clip_out_of_reach() -> str:
+    """Where a name bound before the watch holds torch's own clip (`from torch.nn.utils
+    import clip_grad_norm_` at the top of a module or a notebook, or in a frame running
+    now), in words; '' where none does. The watch scales a clip's limit along by patching
+    torch.nn.utils, which such a name does not see: it would clip fp16's scaled gradients
+    to the true limit, so "auto" does not take fp16 there (nt.fit clips in its own loop).
+    Read once, where "auto" would take fp16: every module's names and the live frames'."""
+    import sys
+    originals = {id(getattr(torch.nn.utils.clip_grad, name)): name for name in CLIPS}
+    scopes = [(name, vars(module)) for name, module in list(sys.modules.items())
+              if not name.startswith(("torch", "nbtrain")) and hasattr(module, "__dict__")]
+    frame = sys._getframe(1)
+    while frame is not None:
+        scopes.append((frame.f_code.co_filename, frame.f_locals))
+        frame = frame.f_back
+    for where, names in scopes:
+        for key, value in list(names.items()):
+            if id(value) in originals:
+                return f"`{key}` in {where} is torch's {originals[id(value)]}"
+    return ""
+
+
 class NoScaling:
     """No fp16: every call of the steps part and the backward goes through as it is."""
 
@@ -64,8 +89,7 @@ class LossScaling:
 
     def install(self) -> None:
         patches = self.edge.patches
-        self._undo = [patches.patch(torch.nn.utils, name, self._wrap_clip)
-                      for name in ("clip_grad_norm_", "clip_grad_value_")]
+        self._undo = [patches.patch(torch.nn.utils, name, self._wrap_clip) for name in CLIPS]
         self._undo_zero_grad = patches.patch(torch.optim.Optimizer, "zero_grad",
                                              self._wrap_zero_grad)
 
