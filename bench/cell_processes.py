@@ -5,7 +5,7 @@ cell in one process under nt.watch.
 
 The cell is the loop people write: a CNN, a DataLoader over in-memory uint8 images, SGD,
 `.to(device)` on each batch. One process runs it inside `nt.watch()`; N processes run it
-through ui/cells.py's `train_cell` (what the magic calls), each rank on its shard with the
+through cell_ranks.py's `train_cell` (what the magic calls), each rank on its shard with the
 gradients averaged. `--processes auto` is every GPU of the machine (on a CPU it asks for
 2, one core each: on 2 cores that makes nothing faster). Interleaved repeats, medians.
 
@@ -23,7 +23,7 @@ import torch
 
 import nbtrain as nt
 from nbtrain.machine import machine_line
-from nbtrain.ui.cells import processes_for, train_cell
+from nbtrain.cell_ranks import processes_for, train_cell
 
 SETUP = """
 import torch

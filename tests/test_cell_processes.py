@@ -118,20 +118,30 @@ def test_a_loop_inside_a_function_the_cell_calls_and_objects_the_cell_makes(ip):
     assert ns["rank_seen"] == "0"   # rank 0's namespace, RANK set as torchrun sets it
 
 
-def test_a_failing_rank_ends_the_cell_with_its_traceback(ip):
+def test_a_failing_rank_fails_the_cell_with_its_traceback_and_keeps_the_run(ip):
+    """A cell that failed fails (Run all, nbval and papermill stop there), once every rank
+    has ended; the rank's traceback, the line of the cell included, is in the error."""
+    from nbtrain import TrainingError
     ip.run_cell("torch.manual_seed(3)\nmodel = Net()\n"
                 "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
                 "loader = DataLoader(TensorDataset(X, Y), batch_size=16)")
+    before = own_children()
     cell = ("%%fasttrain --processes 2\n"
             "import os\n"
             "for step, (x, y) in enumerate(loader):\n"
             "    if step == 3 and os.environ['RANK'] == '1':\n"
             "        raise ValueError('rank one broke')\n"
             "    opt.zero_grad(); nn.functional.mse_loss(model(x), y).backward(); opt.step()\n")
-    ip.run_cell(cell)
+    error = ip.run_cell(cell).error_in_exec
+    assert own_children() <= before   # every rank ended before the cell did
     run = ip.user_ns["run"]
-    assert run.state == "failed"
-    assert "rank 1" in str(run.error) and "ValueError: rank one broke" in str(run.error)
+    assert run.state == "failed" and isinstance(error, TrainingError) and error.run is run
+    text = str(error)
+    assert text.startswith("rank 1 of 2: Traceback (most recent call last):")
+    assert "raise ValueError('rank one broke')" in text   # the cell's line, as IPython shows it
+    assert "ValueError: rank one broke" in text and "_run_cell_rank" not in text
+    assert text.endswith("The failed Run is in `run`.")
+    assert "rank 1 of 2" in str(run.error) and "ValueError: rank one broke" in str(run.error)
 
 
 def test_an_object_that_cannot_travel_is_named_before_any_process_starts(ip):
@@ -156,34 +166,60 @@ def test_a_loop_without_a_dataloader_is_refused_not_trained_twice(ip):
     assert all(torch.equal(a, b) for a, b in zip(before, ip.user_ns["model"].parameters()))
 
 
-def test_stop_ends_every_rank_at_the_same_step(ip):
-    """The notebook's Stop (run.stop(), as the Stop button calls it) while the ranks train:
-    every rank ends at the same step, the Run stopped, the model as after that step."""
+def once_training(act) -> threading.Thread:
+    """A thread that calls `act(run)` once the notebook's Run of the next cell (not an
+    earlier test's) is past step 8."""
     from nbtrain import entry
+    earlier = entry._last_run["ref"]
 
-    def stop_once_training():
+    def wait_and_act():
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             ref = entry._last_run["ref"]
-            run = ref() if ref else None
-            if run is not None and run.step >= 8:
-                run.stop()
+            run = ref() if ref is not earlier and ref else None
+            if run is not None and run.state == "running" and run.step >= 8:
+                act(run)
                 return
             time.sleep(0.01)
+    thread = threading.Thread(target=wait_and_act, daemon=True)
+    thread.start()
+    return thread
+
+
+SLOW_LOOP = ("%%fasttrain --processes 2 --log-every 4\n"
+             "import time\n"
+             "for epoch in range(10):\n"
+             "    for x, y in loader:\n"
+             "        time.sleep(0.01)\n"
+             "        opt.zero_grad(); nn.functional.mse_loss(model(x), y).backward(); opt.step()\n")
+
+
+def test_stop_ends_every_rank_at_the_same_step(ip):
+    """The notebook's Stop (run.stop(), as the Stop button calls it) while the ranks train:
+    every rank ends at the same step, the Run stopped, the model as after that step."""
     ip.run_cell("torch.manual_seed(3)\nmodel = Net()\n"
                 "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
                 "loader = DataLoader(TensorDataset(X, Y), batch_size=8)")
-    cell = ("%%fasttrain --processes 2 --log-every 4\n"
-            "import time\n"
-            "for epoch in range(10):\n"
-            "    for x, y in loader:\n"
-            "        time.sleep(0.01)\n"
-            "        opt.zero_grad(); nn.functional.mse_loss(model(x), y).backward(); opt.step()\n")
-    threading.Thread(target=stop_once_training, daemon=True).start()
-    ip.run_cell(cell)
+    once_training(lambda run: run.stop())
+    assert ip.run_cell(SLOW_LOOP).error_in_exec is None   # a Stop is no error
     run = ip.user_ns["run"]
     assert run.state == "stopped", (run.state, run.error)
     assert 8 <= run.step < 10 * 16 and run.step % 4 == 0   # the ranks agree every log_every
+
+
+def test_a_kernel_interrupt_stops_every_rank_at_a_step_boundary_without_an_error(ip):
+    """The notebook's interrupt (a SIGINT to the kernel) is a Stop relayed to the ranks, as
+    in one process: the cell ends without an error, the Run interrupted at an agreed step."""
+    import os
+    import signal
+    ip.run_cell("torch.manual_seed(3)\nmodel = Net()\n"
+                "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                "loader = DataLoader(TensorDataset(X, Y), batch_size=8)")
+    once_training(lambda run: os.kill(os.getpid(), signal.SIGINT))
+    assert ip.run_cell(SLOW_LOOP).error_in_exec is None
+    run = ip.user_ns["run"]
+    assert run.state == "interrupted", (run.state, run.error)
+    assert 8 <= run.step < 10 * 16 and run.step % 4 == 0   # the ranks' state, not the start's
 
 
 SCRIPT = '''

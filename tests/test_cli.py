@@ -49,3 +49,34 @@ def test_the_demo_runs_every_row_and_the_own_loop_and_prints_the_table(capsys, m
     assert "your own loop, the same CNN" in out and "under nt.watch()" in out
     assert result.own_loop["state"] == "finished"
     assert len(nbtrain.runs()) == 0   # its runs are the table's measurements: none stored
+
+
+BROKEN_SCRIPT = '''
+import os
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+model = nn.Linear(6, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(64, 6), torch.randn(64, 1)), batch_size=8)
+for step, (x, y) in enumerate(loader):
+    if step == 2 and os.environ["RANK"] == "1":
+        raise ValueError("rank one broke")
+    opt.zero_grad(); nn.functional.mse_loss(model(x), y).backward(); opt.step()
+'''
+
+
+def test_nbtrain_run_fails_with_the_ranks_traceback_when_a_rank_fails(tmp_path):
+    """A failed rank fails the command (a non-zero status stops a shell script or a CI job),
+    its traceback on stderr, the summary on stdout."""
+    import subprocess
+    import sys
+    (tmp_path / "broken.py").write_text(BROKEN_SCRIPT)
+    done = subprocess.run([sys.executable, "-m", "nbtrain", "run", "--processes", "2",
+                           "broken.py"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "rank 1 of 2: Traceback" in done.stderr, done.stderr
+    assert 'raise ValueError("rank one broke")' in done.stderr
+    assert done.stderr.rstrip().endswith("ValueError: rank one broke")
+    assert "state       failed" in done.stdout and "Traceback" not in done.stdout

@@ -282,7 +282,7 @@ def test_auto_processes_with_one_gpu_named_is_one_process_on_it(four_gpus):
 
 
 def test_fasttrain_processes_auto_is_every_gpu_as_fits(four_gpus):
-    from nbtrain.ui.cells import processes_for
+    from nbtrain.cell_ranks import processes_for
     assert processes_for("auto") == 4 and processes_for("2") == 2
 
 

@@ -29,7 +29,7 @@ def test_every_package_and_top_module_is_in_a_layer_and_the_top_stays_small():
     listed = set(_depths())
     assert (top | packages) - listed == set(), "add these to a layer in pyproject.toml"
     assert listed - (top | packages) == set(), "the contract names what does not exist"
-    assert len(top) + 1 <= 12 and len(listed) <= 20
+    assert len(top) + 1 <= 12 and len(listed) <= 21
 
 
 def test_the_engines_sit_below_the_entry_point_and_above_what_they_share():

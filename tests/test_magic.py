@@ -639,13 +639,16 @@ def test_a_stop_ends_the_own_loop_quietly_at_a_step_boundary(ip, capsys):
     assert "StopWatching" not in capsys.readouterr().out
 
 
-def test_the_own_loops_error_is_shown_and_the_failed_run_kept(ip, capsys):
+def test_the_own_loops_error_is_shown_fails_the_cell_and_the_failed_run_kept(ip, capsys):
+    """The loop's traceback is shown as in any cell, and the magic's cell fails too:
+    "Run all" and papermill stop there."""
     cell = OWN_LOOP.replace("steps += 1   # the cell's own counter",
                             "steps += 1\n        if steps == 3:\n            raise KeyError('x')")
-    ip.run_cell(f"%%fasttrain\n{cell}")
+    message = usage_error(ip, f"%%fasttrain\n{cell}")
+    assert message == "The loop failed (error above); the failed Run is in `run`."
     run = ip.user_ns["run"]
     assert run.state == "failed" and isinstance(run.error, KeyError) and run.step == 3
-    assert "The loop failed (error above)" in capsys.readouterr().out
+    assert "KeyError" in capsys.readouterr().out   # the loop's traceback, as IPython shows it
 
 
 QUICKSTART_FUNCTIONS = """

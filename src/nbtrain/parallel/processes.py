@@ -31,7 +31,7 @@ from ..run import Run, TrainingError
 from ..train.optim import build_optimizer, resolve_impl
 from ..train.prepare import batches_per_epoch, count_steps, dataset_length
 from ..train.schedule import Schedule
-from .ranks import KeptScalerState, pack, rank_main, unpack
+from .ranks import KeptScalerState, RankFailure, pack, rank_main, unpack
 
 
 def resolve_processes(run) -> int:
@@ -81,7 +81,7 @@ def prepare(run: Run, model, train_data, loss_fn, val_data, state, schedule,
     one process's would be, without touching a GPU; returns `begin()`, which starts the
     ranks and returns the function that supervises them. Raises before any process
     starts for data that cannot be split. `start(payload)`: ranks elsewhere
-    (ray_cluster.Workers), not local processes."""
+    (ray_train.Workers), not local processes."""
     cfg, world = run.config, run.resolved["processes"][0]
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}.")
@@ -110,7 +110,7 @@ def prepare(run: Run, model, train_data, loss_fn, val_data, state, schedule,
 def _prepare_here(run: Run, model, train_data, state, world: int) -> None:
     """The notebook's Run as one process would have it before step 1 (steps, schedule,
     an optimizer over the notebook's model for the state that comes back), without
-    moving the model or touching a GPU: the ranks resolve the rest and report it."""
+    moving the model or touching a GPU: the ranks resolve the rest and send it."""
     cfg = run.config
     _refuse_fewer_samples_than_processes(train_data, cfg, world)
     total_steps = count_steps(cfg, batches_per_epoch(cfg, train_data, world))
@@ -193,7 +193,7 @@ class Ranks:
         return [r for r, proc in enumerate(self.procs) if proc.is_alive() and r not in exclude]
 
     def silent(self, done: set) -> Optional[str]:
-        """Why a rank that has not reported its end is gone, if one is."""
+        """Why a rank that has not sent its end is gone, if one is."""
         for rank, proc in enumerate(self.procs):
             if rank not in done and proc.exitcode is not None:
                 how = f"was killed by signal {-proc.exitcode}" if proc.exitcode < 0 \
@@ -263,9 +263,9 @@ def supervise(run: Run, ranks: Ranks, load_state=None) -> None:
             elif kind == "failed":
                 failure = _root_cause(ranks, (rank, body), ends)
     except KeyboardInterrupt:   # a second Ctrl-C: the ranks are killed, not waited for
-        failure = (None, {"text": "interrupted twice: the ranks were killed mid-step; the "
-                                  "model keeps the weights it had before this run",
-                          "interrupted": True})
+        failure = (None, RankFailure("interrupted twice: the ranks were killed mid-step; the "
+                                     "model keeps the weights it had before this run",
+                                     interrupted=True))
     finally:
         ranks.end(patience_s=30 if failure is None else 0)
     _finish(run, ends, failure, position, elapsed_s=time.perf_counter() - start,
@@ -308,36 +308,37 @@ _PEER_LOST = ("Connection reset", "Connection closed", "Broken pipe", "imed out"
 
 
 def _root_cause(ranks: Ranks, failure, ends: dict, grace_s: float = 3.0):
-    """The failure to report: a rank that lost its peers fails too, often first, so wait
-    a moment for the rank that raised (or died) and report that one."""
+    """The failure that is the cause: a rank that lost its peers fails too, often first,
+    so wait a moment for the rank that raised (or died) and take that one."""
     failures, deadline = [failure], time.monotonic() + grace_s
-    while any(word in failures[0][1]["text"] for word in _PEER_LOST) \
+    while any(word in failures[0][1].text for word in _PEER_LOST) \
             and time.monotonic() < deadline:
         died = ranks.silent(set(ends) | {rank for rank, _ in failures})
         if died:
-            return None, {"text": died}
+            return None, RankFailure(died)
         try:
             kind, rank, body = ranks.queue.get(timeout=0.1)
         except queue_module.Empty:
             continue
         if kind == "failed":
             failures.append((rank, body))
-            failures.sort(key=lambda f: any(w in f[1]["text"] for w in _PEER_LOST))
+            failures.sort(key=lambda f: any(w in f[1].text for w in _PEER_LOST))
     rank, body = failures[0]
-    if any(word in body["text"] for word in _PEER_LOST):
+    if any(word in body.text for word in _PEER_LOST):
         quiet = ranks.running(exclude={f[0] for f in failures})
         if quiet:
-            body = dict(body, text=f"{body['text']}\n  rank(s) {quiet} sent nothing and are "
-                        "still running: they hang (or are far slower); they were stopped")
+            body = body._replace(text=f"{body.text}\n  rank(s) {quiet} sent nothing and are "
+                                 "still running: they hang (or are far slower); they were "
+                                 "stopped")
     return rank, body
 
 
 def _silence(ranks: Ranks, ends: dict, heard: float):
     why = ranks.silent(set(ends))
     if why is None and time.monotonic() - heard > 2 * RANK_TIMEOUT_S:
-        why = (f"no rank reported for {2 * RANK_TIMEOUT_S:.0f} s: they hang (set "
+        why = (f"no rank sent a word for {2 * RANK_TIMEOUT_S:.0f} s: they hang (set "
                "NBTRAIN_RANK_TIMEOUT_S for slower steps); they were stopped")
-    return None if why is None else (None, {"text": why})
+    return None if why is None else (None, RankFailure(why))
 
 
 def _take_ready(run: Run, body: dict) -> None:
@@ -354,40 +355,40 @@ def _finish(run: Run, ends: dict, failure, position: tuple, elapsed_s: float,
     state the Run keeps what it had before, its `position` too, so a resume repeats
     nothing and skips nothing."""
     rng, state, error, message = None, None, None, None
-    split = len({e["step"] for e in ends.values()}) > 1   # the stop agreement failed
+    split = len({e.step for e in ends.values()}) > 1   # the stop agreement failed
     if failure is not None or split:
         run.move_to(*position)
     if failure is not None:
         rank, body = failure
-        state = "interrupted" if body.get("interrupted") else "failed"
+        state = "interrupted" if body.interrupted else "failed"
         if state == "failed":
             error = _failure_error(run, rank, body)
     elif split:
         state = "failed"
         error = TrainingError("the ranks ended at different steps ("
-                              + ", ".join(f"rank {r}: {e['step']}" for r, e in
+                              + ", ".join(f"rank {r}: {e.step}" for r, e in
                                           sorted(ends.items())) + "); the model was "
                               "left as it was before this run", run)
     else:
         first = ends[0]
-        rng = load_state(run, first["blob"])
-        message = next((e["message"] for e in ends.values() if e["message"]), "")
-        if any(e["diverged"] for e in ends.values()):
+        rng = load_state(run, first.blob)
+        message = next((e.message for e in ends.values() if e.message), "")
+        if any(e.diverged for e in ends.values()):
             run.diverge(message)
-        state = "interrupted" if run.interrupted else first["state"]
+        state = "interrupted" if run.interrupted else first.state
     run.finish(state, read_rng=lambda: rng if rng is not None else ckpt.rng_state(),
                elapsed_s=elapsed_s, error=error, message=message)
 
 
-def _failure_error(run: Run, rank, body: dict) -> BaseException:
-    lost_peer = any(word in body["text"] for word in _PEER_LOST)   # the news is the other rank
-    if body.get("before_start") and body.get("exception") is not None and not lost_peer:
+def _failure_error(run: Run, rank, body: RankFailure) -> BaseException:
+    lost_peer = any(word in body.text for word in _PEER_LOST)   # the news is the other rank
+    if body.before_start and body.exception is not None and not lost_peer:
         try:   # a bad setting found while preparing: the error one process would raise
-            return unpack(body["exception"])
+            return unpack(body.exception)
         except Exception:
             pass
     where = f"rank {rank} of {run.resolved['processes'][0]}: " if rank is not None else ""
-    return TrainingError(where + body["text"], run)
+    return TrainingError(where + body.text, run)
 
 
 def _load_state(run: Run, state: dict) -> dict:

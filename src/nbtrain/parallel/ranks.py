@@ -5,7 +5,7 @@ import io
 import os
 import signal
 from datetime import timedelta
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
@@ -32,6 +32,28 @@ def pack(payload: dict) -> bytes:
 
 def unpack(blob: bytes):
     return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False)
+
+
+class RankEnd(NamedTuple):
+    """A rank's last message when it ran to its end (finished, stopped, diverged): the
+    step it ended at and how. Rank 0's `blob` carries what the notebook takes back (fit's:
+    the rank's Run.state_dict(); a cell's: the objects it made and trained)."""
+    step: int
+    state: str
+    message: str = ""
+    diverged: bool = False
+    blob: Optional[bytes] = None
+
+
+class RankFailure(NamedTuple):
+    """A rank's last message when it failed: `text`, its error (a cell's: the formatted
+    traceback); `exception`, the error itself, packed, where it was raised while preparing
+    (`before_start`), for the notebook to raise as one process would. `interrupted`: the
+    notebook's own end, a second Ctrl-C, which is no rank's error."""
+    text: str
+    before_start: bool = False
+    exception: Optional[bytes] = None
+    interrupted: bool = False
 
 
 class KeptScalerState:
@@ -139,8 +161,8 @@ def rank_main(rank: int, world: int, port: int, blob: bytes, messages, requests)
 def run_rank(rank: int, world: int, blob: bytes, messages, requests, join, leave=None,
              make_run=None) -> Optional[BaseException]:
     """One rank: join the group (`join(cfg, device, timeout_s)` -> backend), prepare as one
-    process would, shard, wrap, train, report to `messages`. Returns the exception it
-    reported, if any (ray_cluster.py re-raises it so Ray ends the other workers)."""
+    process would, shard, wrap, train, tell `messages` how it went. Returns the exception
+    it sent, if any (parallel/ray_train.py re-raises it so Ray ends the other workers)."""
     started = False
     try:
         payload = unpack(blob)
@@ -159,15 +181,15 @@ def run_rank(rank: int, world: int, blob: bytes, messages, requests, join, leave
         started = True
         train_safely(run, setup)
         failed = run.error if run.state == "failed" else None
-        messages.put(("failed", rank, {"text": str(run.error)}) if failed is not None
-                     else ("end", rank, _end_report(run)))
+        messages.put(("failed", rank, RankFailure(str(run.error))) if failed is not None
+                     else ("end", rank, _rank_end(run)))
         if leave is not None:
             leave()
         return failed
     except BaseException as exc:
-        messages.put(("failed", rank, {"text": f"{type(exc).__name__}: {exc}",
-                                       "before_start": not started,
-                                       "exception": _packed_error(exc)}))
+        messages.put(("failed", rank, RankFailure(f"{type(exc).__name__}: {exc}",
+                                                  before_start=not started,
+                                                  exception=_packed_error(exc))))
         return exc
 
 
@@ -253,14 +275,15 @@ def _agree_on_amp(run: RankRun, setup) -> None:
     setup.amp = choice[0][0]
 
 
-def _end_report(run: RankRun) -> dict:
-    report = {"state": run.state, "message": run.message, "diverged": run.diverged,
-              "step": run.step, "blob": None}
+def _rank_end(run: RankRun) -> RankEnd:
+    """This rank's end; rank 0's carries its Run's state for the notebook's Run."""
+    blob = None
     if run.rank == 0:
         buffer = io.BytesIO()
         torch.save(run.state_dict(), buffer)
-        report["blob"] = buffer.getvalue()
-    return report
+        blob = buffer.getvalue()
+    return RankEnd(step=run.step, state=run.state, message=run.message,
+                   diverged=run.diverged, blob=blob)
 
 
 def _packed_error(exc: BaseException) -> Optional[bytes]:

@@ -1,7 +1,7 @@
 """The same run on a Ray cluster: TrainConfig(cluster="ray", processes=N).
 
 nbtrain schedules nothing itself: it hands processes.py's per-rank function
-(`ranks.run_rank`: prepare as one process would, shard, DDP, train, report) to
+(`ranks.run_rank`: prepare as one process would, shard, DDP, train, send back) to
 `ray.train.torch.TorchTrainer` with `ScalingConfig(num_workers=N, use_gpu=...)`, on
 whatever cluster `ray.init()` finds (RAY_ADDRESS, or a local instance it starts). Ray
 joins the workers into one torch.distributed group (gloo on CPU, nccl on GPU). The
@@ -184,7 +184,7 @@ class Workers:
     def _fit(self) -> None:
         try:
             self.result = self.trainer.fit()
-        except BaseException as exc:   # a worker's error, or Ray's: silent() reports it
+        except BaseException as exc:   # a worker's error, or Ray's: silent() says it
             self.error = exc
 
     def running(self, exclude: set) -> list:
@@ -245,7 +245,7 @@ class _Named:
     def put(self, message) -> None:
         kind, rank, body = message
         if kind == "failed":
-            body = dict(body, text=self.where + body["text"])
+            body = body._replace(text=self.where + body.text)
         self.ray_queue.put((kind, rank, body))
 
 

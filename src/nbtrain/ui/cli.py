@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     run.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     args = parser.parse_args(argv)
     if args.command == "run":
-        from .cells import run_script
+        from ..cell_ranks import run_script
         return run_script(args.script, args.args, args.processes)
     if args.command == "demo":
         from ..tools.demo import run_demo

@@ -33,9 +33,10 @@ from ..config import (
     rejection,
     settings_in,
 )
+from ..cell_ranks import processes_for, train_cell
 from ..kinds import AUTO_FLAG, Flag, text_of
+from ..run import TrainingError
 from ..watcher import OWN_LOOP_FIELDS
-from .cells import processes_for, train_cell
 
 # what a watched cell takes: the settings a watch applies, and how its Run is kept
 WATCH_FIELDS = (*OWN_LOOP_FIELDS, "name", "store", "report_to", "report_dir")
@@ -160,13 +161,12 @@ class FastTrainMagics(Magics):
             self._compare(ns, args, config, inputs)
             return
         run = _train(ns, args, config, resume, inputs)
-        _report(run, args)
+        _say_outcome(run, args)
 
     def _compare(self, ns: dict, args, config: TrainConfig, inputs: dict) -> None:
         """--compare: one run per value, shown with nt.compare's charts and table."""
         from IPython.display import display
 
-        from ..run import TrainingError
         from ..tools.compare import compare
         if args.resume or args.background or args.dashboard:
             raise UsageError("--compare trains fresh runs in the foreground: drop --resume, "
@@ -207,16 +207,15 @@ class FastTrainMagics(Magics):
             return False, defined
         ns[out] = run
         self._say_what_the_loop_decided(args, self._refused)
-        if error is not None and run.state == "failed":
-            print(f"The loop failed (error above); the Run, with its records, is in `{out}`.")
-        else:
-            print(run.summary_text())
+        if error is not None and run.state == "failed":   # Run all stops; no second traceback
+            raise UsageError(f"The loop failed (error above); the failed Run is in `{out}`.")
+        print(run.summary_text())
         return True, defined
 
     def _train_in_processes(self, ns: dict, args, cell) -> bool:
         """--processes N on a cell that trains: the cell, as written, in N processes
-        (ui/cells.py). False where the cell trained nothing there: it defines what fit
-        trains, and runs here as any such cell (fit takes --processes)."""
+        (cell_ranks.py); a failed rank fails it. False where the cell trained nothing there:
+        it defines what fit trains, and runs here as any such cell (fit takes --processes)."""
         try:
             run = train_cell(cell, ns, processes_for(args.processes),
                              self._watch_settings(ns, args), _when_it_trains(args.dashboard))
@@ -227,8 +226,9 @@ class FastTrainMagics(Magics):
             self._forget_watch(ns, out, {}, run)
             return False
         ns[out] = run
-        print(f"The cell failed in a process:\n{run.error}\nThe Run, with its records, is "
-              f"in `{out}`." if run.state == "failed" else run.summary_text())
+        if run.state == "failed":   # raised, not printed: Run all, nbval and papermill stop
+            raise TrainingError(f"{run.error}\nThe failed Run is in `{out}`.", run)
+        print(run.summary_text())
         return True
 
     @staticmethod
@@ -562,7 +562,7 @@ def _dashboard_progress():
     return Dashboard
 
 
-def _report(run, args) -> None:
+def _say_outcome(run, args) -> None:
     out = args.out
     if args.background:
         print(f"Training in the background; the Run is in `{out}`. "

@@ -1,9 +1,15 @@
-"""A notebook cell that trains, as written, in N processes (%%fasttrain --processes N).
+"""A notebook cell (or a script) that trains, as written, in N processes: the engine of
+%%fasttrain --processes N and `nbtrain run --processes N script.py`.
+
+It sits beside entry.py, in the way in: each rank runs the cell inside entry's nt.watch,
+and the notebook's Run is kept and shown as a watch's is (entry.keep, attach_hooks), so it
+imports the entry; the magic and the command line only call `train_cell`/`run_script`.
 
 The notebook's side sends the cell's text and the namespace it needs (cloudpickle: classes
 and functions the notebook defined travel by value) to N rank processes
 (parallel/processes.py's Ranks, supervised as nt.fit's ranks are). Each rank runs the cell
-inside nt.watch, whose DataParallel part makes the loop data-parallel (watcher/ranks.py); its
+inside nt.watch, whose DataParallel part makes the loop data-parallel
+(watcher/data_parallel.py); its
 records stream back into the notebook's one Run. At the end rank 0's results land in the
 notebook's namespace: the objects the cell made, and the trained state of the models and
 optimizers it was given, loaded into the notebook's own objects.
@@ -12,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import linecache
 import os
 import signal
 import sys
@@ -21,21 +28,22 @@ from datetime import timedelta
 
 import torch
 
-from .. import checkpoint as ckpt
-from ..config import ConfigError
-from ..entry import attach_hooks, keep, remember, watch, watch_config
-from ..parallel.processes import (
+from . import checkpoint as ckpt
+from .config import ConfigError
+from .entry import attach_hooks, ctrl_c_stops, keep, remember, watch, watch_config
+from .parallel.processes import (
     RANK_TIMEOUT_S,
     Ranks,
     auto_processes,
     nbtrain_environment,
     supervise,
 )
-from ..parallel.ranks import RankRun, control_group, pack, unpack
-from ..run import Run
+from .parallel.ranks import RankEnd, RankFailure, RankRun, control_group, pack, unpack
+from .run import Run
 
 # names IPython keeps in a notebook's namespace: its own, never the cell's
 _IPYTHON_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "open"}
+CELL_FILE = "<cell>"   # the file name a cell's tracebacks show in a rank
 
 
 def processes_for(asked) -> int:
@@ -47,8 +55,10 @@ def processes_for(asked) -> int:
 
 def train_cell(cell: str, ns: dict, world: int, settings: dict, progress=False,
                script=None) -> Run:
-    """Run `cell` in `world` processes, data-parallel; the notebook's Run, finished.
-    `script` (run_script): the file's path and argv, as `python` would set them."""
+    """Run `cell` in `world` processes, data-parallel; the notebook's Run, ended once every
+    rank has (a failed rank's traceback in `run.error`: the caller fails with it). Ctrl-C
+    is a Stop the ranks agree on, as in one process. `script` (run_script): the file's
+    path and argv, as `python` would set them."""
     namespace = _packed_namespace(cell, ns, world)
     run = Run(watch_config(None, {k: v for k, v in settings.items() if k != "optimize"})[0])
     run.resolved["processes"] = (world, f"--processes {world}: your code, as written, in "
@@ -59,13 +69,15 @@ def train_cell(cell: str, ns: dict, world: int, settings: dict, progress=False,
     payload = dict(cell=cell, namespace=namespace, settings=settings, script=script,
                    timeout_s=RANK_TIMEOUT_S, env=nbtrain_environment())
     ranks = Ranks(world, payload, target=cell_rank_main)
-    supervise(run, ranks, load_state=lambda run, blob: _take_results(ns, run, blob))
+    with ctrl_c_stops(run):
+        supervise(run, ranks, load_state=lambda run, blob: _take_results(ns, run, blob))
     return run
 
 
 def run_script(path: str, args: list, processes="auto") -> int:
     """`nbtrain run --processes N script.py [args]`: the script as `python script.py args`
-    would run it, in N processes, data-parallel; 0 where it finished, 1 where not."""
+    would run it, in N processes, data-parallel. The exit status: 0 where it finished or
+    was stopped, 1 where not (a failed rank's traceback on stderr, as python puts it)."""
     world = processes_for(processes)
     with open(path, encoding="utf-8") as f:
         source = f.read()
@@ -73,7 +85,7 @@ def run_script(path: str, args: list, processes="auto") -> int:
     run = train_cell(source, {}, world, {}, progress=False, script=script)
     print(run.summary_text())
     if run.state == "failed":
-        print(run.error)
+        print(run.error, file=sys.stderr)
     return 0 if run.state in ("finished", "stopped") else 1
 
 
@@ -101,7 +113,7 @@ def _packed_namespace(cell: str, ns: dict, world: int) -> bytes:
 
 # -- a rank's side ------------------------------------------------------------------------------
 def cell_rank_main(rank: int, world: int, port: int, blob: bytes, messages, requests) -> None:
-    """One rank: join the group, run the cell inside a watch of rank `rank`, report."""
+    """One rank: join the group, run the cell inside a watch of rank `rank`, send its end."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the notebook relays Ctrl-C as a Stop
     try:
         _run_cell_rank(rank, world, port, blob, messages, requests)
@@ -112,6 +124,7 @@ def cell_rank_main(rank: int, world: int, port: int, blob: bytes, messages, requ
 
 def _run_cell_rank(rank: int, world: int, port: int, blob: bytes, messages, requests) -> None:
     import torch.distributed as dist
+    filename = None   # the user's code's, once known: its traceback starts there
     try:
         payload = unpack(blob)
         os.environ.update(payload["env"])
@@ -132,28 +145,39 @@ def _run_cell_rank(rank: int, world: int, port: int, blob: bytes, messages, requ
         given = unpack_on_gpu(payload["namespace"])   # after set_device: this rank's GPU
         ns = dict(given, __name__="__main__", __builtins__=builtins)
         contents = {name: _contents(value) for name, value in given.items()}
-        source = _as_script(payload["script"], ns, rank)
+        filename = _as_script(payload["script"], ns, rank)
         messages.put(("ready", rank, {"resolved": {}, "total_steps": None}))
         watched = watch(progress=False, _rank=(rank, world, make_run), **payload["settings"])
         watched.warns_untrained = False   # a cell for fit: the notebook runs it next
         with watched as run:
-            _run_source(payload["cell"], source, ns)
+            _run_source(payload["cell"], filename, ns)
         if isinstance(sys.stdout, _Marked):
             sys.stdout.close_line()
-        messages.put(("end", rank, _end_report(run, rank, ns, (given, contents), payload["script"])))
+        messages.put(("end", rank, _rank_end(run, rank, ns, (given, contents), payload["script"])))
         dist.destroy_process_group()
     except BaseException as exc:
-        messages.put(("failed", rank, {"text": "".join(traceback.format_exception(exc)).rstrip(),
-                                       "exception": None}))
+        messages.put(("failed", rank, RankFailure(_traceback_from(exc, filename))))
 
 
 def _run_source(code: str, filename: str, ns: dict) -> None:
     """exec, where a script's sys.exit(0) (or exit()) is the end it is for python."""
+    if filename == CELL_FILE:   # a traceback shows the cell's lines, as IPython's does
+        linecache.cache[CELL_FILE] = (len(code), None, code.splitlines(True), CELL_FILE)
     try:
         exec(compile(code, filename, "exec"), ns)
     except SystemExit as done:
         if done.code not in (None, 0):
             raise
+
+
+def _traceback_from(exc: BaseException, filename) -> str:
+    """The rank's traceback from the first frame of the user's code (`filename`) on: the
+    frames of nbtrain that ran it say nothing to the user. All of it where the error came
+    before the user's code ran."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != filename:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__)).rstrip()
 
 
 def _as_script(script, ns: dict, rank: int) -> str:
@@ -163,7 +187,7 @@ def _as_script(script, ns: dict, rank: int) -> str:
     their rank.
     Returns the file name its tracebacks show."""
     if script is None:
-        return "<cell>"
+        return CELL_FILE
     sys.argv = list(script["argv"])
     sys.path.insert(0, os.path.dirname(script["path"]))
     ns["__file__"] = script["path"]
@@ -225,18 +249,17 @@ class _Marked:
         return getattr(self.stream, name)
 
 
-def _end_report(run, rank: int, ns: dict, given: tuple, script) -> dict:
-    """What rank 0 sends back: the names the cell bound, the models and optimizers it was
-    given (trained in place), and the lists, dicts and sets it was given and changed (a
-    history appended to); the other ranks send their step only. `given`: the names the
-    cell was given, and their contents when it started."""
-    report = {"step": run.step, "state": run.state, "message": run.message or "",
-              "diverged": False, "blob": None}
+def _rank_end(run, rank: int, ns: dict, given: tuple, script) -> RankEnd:
+    """What a rank sends at its end. Rank 0's `blob`: the names the cell bound, the models
+    and optimizers it was given (trained in place), and the lists, dicts and sets it was
+    given and changed (a history appended to); the other ranks send their step only.
+    `given`: the names the cell was given, and their contents when it started."""
+    blob = None
     if rank == 0:   # a script's results have no notebook to go to
         results = {} if script else _results(ns, *given)
-        report["blob"] = pack({"results": results, "given": sorted(given[0]),
-                               "position": run.position, "rng": ckpt.rng_state()})
-    return report
+        blob = pack({"results": results, "given": sorted(given[0]),
+                     "position": run.position, "rng": ckpt.rng_state()})
+    return RankEnd(step=run.step, state=run.state, message=run.message or "", blob=blob)
 
 
 def _results(ns: dict, given: dict, contents: dict) -> dict:
