@@ -101,6 +101,19 @@ def test_a_change_counts_where_its_interval_leaves_out_1_and_it_is_at_least_the_
     assert verdict(ratio, low, high) == expected
 
 
+def test_the_first_rounds_run_only_where_the_rounds_an_interval_needs_fit_twice_the_budget():
+    """On a busy machine (the full runs ended 120 s in, a round ~7 s): the 6 rounds a 95%
+    interval needs would end past 158 s, and fewer give figures that are noise: none."""
+    twice = 2 * demo.BUDGET_S
+    assert demo.FEWEST_ROUNDS == 6
+    assert not more_rounds(0, ["plain loop"], twice - 6 * 7 + 1, 7)
+    assert more_rounds(0, ["plain loop"], twice - 6 * 7, 7)
+    assert not more_rounds(3, ["plain loop"], twice - 3 * 5 + 1, 5)   # 3 more still needed
+    assert more_rounds(3, ["plain loop"], twice - 3 * 5, 5)
+    assert more_rounds(6, ["plain loop"], twice - 5, 5)                # then one at a time
+    assert more_rounds(0, [], 10, 1, min_rounds=1, max_rounds=1)       # fewer asked for
+
+
 def test_rounds_go_on_until_every_interval_is_narrow_or_a_cap():
     assert more_rounds(1, [], 10, 1)                              # fewer than the minimum
     assert not more_rounds(1, ["plain loop"], demo.BUDGET_S, demo.BUDGET_S + 1)   # swamped
@@ -142,6 +155,27 @@ def test_time_in_rounds_runs_the_timed_rows_in_abba_order():
                                lambda _: None) == 0
 
 
+def test_no_round_starts_where_the_full_runs_left_too_little_and_the_demo_says_so():
+    rows = rows_of([[1.0]] * 2, [PLAIN_SETTINGS, dict(PLAIN_SETTINGS, batched_fetch=True)])
+    for row in rows:
+        row.runs = []
+    said, start = [], time.perf_counter() - 120
+    rounds = demo.time_in_rounds(rows, lambda row: pytest.fail("a round ran"), start,
+                                 said.append, first_round_s=7.0)
+    assert rounds == 0 and len(said) == 1
+    assert said[0].startswith("not timing the rows: the full runs ended 120 s into the demo, "
+                              "and the 6 rounds a 95% interval needs (~7.0 s each, from the "
+                              "full runs) would end past 158 s (twice the budget)"), said
+
+
+def test_a_rounds_estimate_is_each_timed_rows_full_run_scaled_to_a_timing_run():
+    rows = rows_of([[1.0]] * 3, [PLAIN_SETTINGS] * 3, same=(2,))
+    rows[0].full_s, rows[1].full_s, rows[2].full_s = 36.8, 18.4, 99.0   # 368 steps each
+    assert demo.round_estimate(rows, timing_steps=23) == pytest.approx(2.3 + 1.15)
+    rows[1].full_s = 0.0                                # not timed (bench/demo_aa.py's rows)
+    assert demo.round_estimate(rows, timing_steps=23) == pytest.approx(2.3)
+
+
 def test_a_round_without_a_rate_is_left_out_of_the_ratios():
     assert demo.per_round_ratios([120.0, math.nan, 0.0, 110.0], [100.0, 100.0, 100.0, 100.0]) \
         == pytest.approx([1.2, 1.1])
@@ -175,7 +209,7 @@ class FakeRun:
         return [{"samples_per_s": self._rate}]
 
     def summary(self):
-        return dict(self._split, val_acc=0.975)
+        return dict(self._split, val_acc=0.975, steps=368)
 
 
 def rows_of(rates_by_row, settings_by_row, same=()):
@@ -224,7 +258,7 @@ def test_the_table_says_what_each_row_brought_from_given_figures():
 def test_every_row_shows_what_its_toggle_resolved_to_and_why():
     fetched = dict(PLAIN_SETTINGS, batched_fetch=True)
     rows = rows_of([[1], [1], [1], [1], [1]], [PLAIN_SETTINGS] + [fetched] * 4)
-    text = demo_text.resolved_table(rows)
+    text = demo_text.resolved_table(demo.resolved_entries(rows))
     assert "+ measured threads" in text and "num_threads=2" in text and "why num_threads" in text
     assert "optimizer_impl=for-loop" in text and "amp=off" in text
 
@@ -256,7 +290,7 @@ def test_a_timing_run_replays_what_the_full_run_resolved_so_it_measures_nothing(
 
 
 def test_the_plain_loop_first_run_is_every_rows_basis():
-    line = lines_of(rows_of([[100, 100, 100]], [PLAIN_SETTINGS]))[0]
+    line = lines_of(rows_of([[100] * demo.FEWEST_ROUNDS], [PLAIN_SETTINGS]))[0]
     assert isinstance(line, Line) and line.kind == "base" and line.vs_plain == 1.0
 
 
@@ -300,3 +334,116 @@ def test_the_table_spread_is_the_adjusted_one_and_the_raw_one_is_kept():
     assert [line.spread for line in lines] == [0.0, 0.0]
     assert all(line.raw_spread > 0.3 for line in lines)
     assert demo.unsettled(rows) == []
+
+
+def untimed_rows(rounds):
+    """The CPU rows, '+ mixed precision' the row above again, each timed row with
+    `rounds` runs whose rates differ wildly (a busy machine: 17x from one to the next)."""
+    rates = [[82.0, 1421.0, 90.0, 1300.0, 85.0][:rounds],
+             [1421.0, 90.0, 1400.0, 80.0, 1390.0][:rounds], [4101.0] * rounds, [0.0],
+             [5534.0] * rounds]
+    rows = rows_of([r or [1.0] for r in rates],
+                   [PLAIN_SETTINGS, dict(PLAIN_SETTINGS, batched_fetch=True),
+                    dict(PLAIN_SETTINGS, batched_fetch=True, num_threads=1),
+                    dict(PLAIN_SETTINGS, batched_fetch=True, num_threads=1),
+                    dict(PLAIN_SETTINGS, batched_fetch=True, num_threads=1,
+                         optimizer_impl="fused")], same=(3,))
+    for row in rows:
+        row.runs = [] if row.same_as else row.runs[:rounds]
+    return rows
+
+
+@pytest.mark.parametrize("rounds", [0, 1, 5])
+def test_a_row_timed_in_too_few_rounds_says_why_in_words_never_nan_or_a_ratio(rounds):
+    """The busy machine of issue 56: 0 rounds printed nan and nanx in every timed row, and
+    1 round printed 17.27x 'too few rounds to tell'. A figure that could not be measured,
+    or is noise (no 95% interval under 6 rounds), is said in words."""
+    why = demo_text.untimed_words(rounds, demo.FEWEST_ROUNDS, False, demo.BUDGET_S)
+    lines = lines_of(untimed_rows(rounds))
+    assert [line.kind for line in lines] == ["untimed", "untimed", "untimed", "same", "untimed"]
+    table = demo_text.comparison_table(lines)
+    assert "nan" not in table.lower()
+    for line, row in zip(lines, table.splitlines()[1:]):   # no rate, spread or ratio: "-"
+        assert row[:row.index("97.5%")].split() == line.label.split() + ["-"], row
+    assert all(line.why == "" for line in lines if line.kind == "untimed")  # pays: unknown
+    rounds_ = {0: "0 rounds", 1: "1 round", 5: "5 rounds"}[rounds]
+    assert why == (f"the machine was too busy: {rounds_} completed within the budget "
+                   "(158 s), and a 95% interval needs 6")
+    words = "not timed (0 rounds)" if rounds == 0 else f"too few rounds to tell ({rounds_})"
+    assert table.splitlines()[1].endswith(f"97.5%  {words}")
+
+
+def test_too_few_rounds_because_fewer_were_asked_for_says_so():
+    assert demo_text.untimed_words(1, 6, True, demo.BUDGET_S) == \
+        "max_rounds=1, and a 95% interval needs 6 rounds"
+    assert demo._untimed(1, 1, demo.BUDGET_S) == demo_text.untimed_words(1, 6, True, 79.0)
+    assert demo._untimed(3, 400, demo.BUDGET_S).startswith("the machine was too busy: 3 "
+                                                           "rounds completed")
+    assert demo._untimed(6, 400, demo.BUDGET_S) == ""
+
+
+def test_a_demo_with_no_rounds_prints_no_nan_and_says_it_could_not_time_the_rows():
+    untimed = demo._untimed(0, demo.MAX_ROUNDS, demo.BUDGET_S)
+    own = dict(as_written_ms=60.44, watched_ms=33.57, ratio=0.84, low=0.24, high=1.14,
+               rounds=3, epochs=4, applied={"batched_fetch": True})
+    result = demo.Demo(untimed_rows(0), 0, 278.0, own, untimed)
+    text = demo_text.demo_text(result.outcome("cpu"))
+    assert "nan" not in text.lower() and "timed in 0 rounds" not in text
+    assert ("the rows that differ were then to be timed in rounds of one short run each, "
+            "and have no figures: the machine was too busy: 0 rounds completed within the "
+            "budget (158 s), and a 95% interval needs 6.") \
+        in " ".join(text.split())
+    whys = text[text.index("where a toggle does not pay here:"):]
+    assert "+ mixed precision: amp=off" in whys    # changed nothing: it does not pay
+    assert "+ batched fetch:" not in whys and "+ fused optimizer:" not in whys   # unknown
+    assert text.endswith("demo: 278 s on cpu")
+
+
+def test_an_own_loop_too_late_for_the_budget_is_not_run_and_says_so():
+    """The own loop's 6 whole calls: each round one as written (about the plain loop's full
+    run) and one watched (about the defaults'), at 4 of the full runs' 16 epochs."""
+    rows = untimed_rows(0)
+    rows[0].full_s, rows[-1].full_s = 160.0, 33.0      # the full runs at load ~9 on 2 cores
+    estimate = demo.own_loop_estimate(rows, 16, 4, 3)
+    assert estimate == pytest.approx(3 * (160 + 33) / 4)
+    words = demo_text.own_loop_untimed_words(415.0, estimate, 6, demo.BUDGET_S)
+    assert words == ("your own loop under nt.watch(): not timed: the machine was too busy: "
+                     "the demo was 415 s in, and the 6 whole calls (~145 s, from the full "
+                     "runs) would end past 158 s (twice the budget)")
+    result = demo.Demo(rows, 0, 543.0, None, demo._untimed(0, 400, 79.0), words)
+    text = demo_text.demo_text(result.outcome("cpu"))
+    assert " ".join(words.split()) in " ".join(text.split()) and "nan" not in text.lower()
+
+
+def test_an_own_loop_ratio_within_the_noise_of_its_rounds_is_said_in_words():
+    own = dict(as_written_ms=60.44, watched_ms=33.57, ratio=0.84, low=0.24, high=1.14,
+               rounds=3, epochs=4, applied={})
+    text = demo_text.own_loop_text(own)
+    assert "0.84x" not in text
+    assert "under nt.watch() 33.57 ms/step: within the noise of 3 interleaved rounds, " \
+        "0.24-1.14: no difference to tell; the watch applied nothing" in text
+
+
+def test_the_busy_note_says_the_demo_will_run_past_its_budget_and_why(monkeypatch):
+    monkeypatch.setattr(demo_text, "load_now", lambda: 4.7)
+    monkeypatch.setattr(demo_text, "available_cores", lambda: 2)
+    note = demo_text.busy_note(demo.BUDGET_S)
+    assert note.startswith("note: the machine is busy (load 4.7 on 2 core(s))")
+    assert "the demo will likely run past its budget (79 s for the rows): each row still " \
+        "runs in full, since its settings are measured on it; the timing rounds stop by " \
+        "158 s, and what they could not time is said so." in note
+    monkeypatch.setattr(demo_text, "load_now", lambda: 1.5)
+    assert demo_text.busy_note(demo.BUDGET_S) == ""
+
+
+def test_the_text_imports_nothing_of_the_demo_and_the_demo_imports_the_text_once():
+    """No import circle: demo_text is text over plain data, demo.py runs and calls it."""
+    import ast
+    import inspect
+
+    def imported(module):
+        return [(node.module or "", node.col_offset)
+                for node in ast.walk(ast.parse(inspect.getsource(module)))
+                if isinstance(node, ast.ImportFrom)]
+    assert not [m for m, _ in imported(demo_text) if m.endswith("demo")]
+    assert [(m, col) for m, col in imported(demo) if m == "demo_text"] == [("demo_text", 0)]

@@ -86,11 +86,13 @@ MIN_BF16_GAIN = 1.1
 
 
 class Verdict(NamedTuple):
-    """The one bf16 decision: the amp to run, the median gain (fp32 time / bf16 time) and
-    whether the blocks decided it beyond their noise."""
+    """The one bf16 decision: the amp to run, the median gain (fp32 time / bf16 time),
+    whether the blocks decided it beyond their noise, and where they did not, their
+    spread in words (noise_words)."""
     amp: str
     gain: float
     decisive: bool
+    noise: str = ""
 
 
 def decide(fp32_s, bf16_s, default: str) -> Verdict:
@@ -98,7 +100,20 @@ def decide(fp32_s, bf16_s, default: str) -> Verdict:
     nothing is decided) unless a rank test decides it (blocks_decisive)."""
     gain = median(fp32_s) / median(bf16_s)
     decisive = blocks_decisive(fp32_s, bf16_s)
-    return Verdict(amp_for(gain, decisive, default), gain, decisive)
+    return Verdict(amp_for(gain, decisive, default), gain, decisive,
+                   "" if decisive else noise_words(fp32_s, bf16_s))
+
+
+def noise_words(fp32_s, bf16_s) -> str:
+    """Undecided blocks in words: each precision's range of step times, not the medians'
+    ratio. Undecided, that ratio is noise whatever its size (7.92x at load 4.7 on 2
+    cores), and a ratio reads like a result."""
+    return (f"no difference beyond the noise: fp32 steps took {_ms_range(fp32_s)}, bf16 steps "
+            f"{_ms_range(bf16_s)}")
+
+
+def _ms_range(seconds) -> str:
+    return f"{min(seconds) * 1e3:.1f}-{max(seconds) * 1e3:.1f} ms"
 
 
 def amp_for(gain: float, decisive: bool, default: str) -> str:
@@ -136,7 +151,8 @@ def bf16_choice(step, key, may_measure: str = "",
     units, default = bf16_units(device), default_amp(device)
     words = {"bf16": "bf16", "off": "fp32"}[default]
     try:
-        gain, source, decisive = _bf16_gain(step, key, default, measure=not may_measure)
+        gain, source, decisive, noise = _bf16_gain(step, key, default,
+                                                   measure=not may_measure)
         if gain is None:
             return default, (f"{units}, and bf16 is not measured on this model "
                              f"({may_measure}): {words}")
@@ -144,9 +160,15 @@ def bf16_choice(step, key, may_measure: str = "",
         return default, (f"could not measure bf16 on this model ({type(exc).__name__}): "
                          f"{words}")
     if not decisive:
-        return default, (f"{units}; bf16 measured {gain:.2f}x of fp32 speed on this model, "
-                         f"within the noise of the steps: {words} (measured again next run)")
-    if amp_for(gain, decisive, default) == "bf16":
+        return default, (f"{units}; bf16 against fp32 on this model: {noise}: {words} "
+                         "(measured again next run)")
+    return decided_amp(gain, source, units, default)
+
+
+def decided_amp(gain: float, source: str, units: str, default: str) -> Resolved:
+    """The amp a decided (or given) gain takes, in words that agree with its figure:
+    nt.fit's and the watch's alike."""
+    if amp_for(gain, True, default) == "bf16":
         return "bf16", f"{units}; {source} {gain:.2f}x faster than fp32 on this model"
     return "off", (f"{units}, but bf16 {source} {gain:.2f}x of fp32 speed on this "
                    "model" + (" (slower)" if gain < 1 else " (too small to gain)"))
@@ -159,18 +181,19 @@ def bf16_units(device: torch.device) -> str:
     return f"CPU has {cpu_bf16_feature()}"
 
 
-def _bf16_gain(step, key, default: str, measure: bool = True) -> Tuple[Optional[float], str, bool]:
-    """(fp32 time / bf16 time, how it is known, decisive) for `key` on this machine;
-    (None, '', False) when it is not known and not to be measured. A known gain was
-    decisive (only such are kept) or given."""
+def _bf16_gain(step, key, default: str,
+               measure: bool = True) -> Tuple[Optional[float], str, bool, str]:
+    """(fp32 time / bf16 time, how it is known, decisive, the noise in words where not)
+    for `key` on this machine; (None, '', False, '') when it is not known and not to be
+    measured. A known gain was decisive (only such are kept) or given."""
     gain, source = known_bf16_gain(key)
     if gain is not None or not measure:
-        return gain, source, gain is not None
+        return gain, source, gain is not None, ""
     load = load_now()   # before: the probe's own steps add to it
     verdict = measure_bf16_speedup(step, default)
     if verdict.decisive:
         remember_bf16_gain(key, verdict.gain, load)
-    return verdict.gain, "measured", verdict.decisive
+    return verdict.gain, "measured", verdict.decisive, verdict.noise
 
 
 def known_bf16_gain(key) -> Tuple[Optional[float], str]:

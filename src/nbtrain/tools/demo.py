@@ -10,13 +10,16 @@ A row whose settings resolve to those of the row above is that case again and sa
 Then the timing: the other rows replayed with the settings they resolved to, one epoch
 each (23 steps, ~0.2 s), in rounds whose order alternates (forward, then backward): at
 least MIN_ROUNDS, then until every row's rate and every ratio has an interval within its
-target, or the next round would end past BUDGET_S from the demo's start. Why so
-short: a shared machine's speed wanders from one second to the next, as much for short
-runs as for long ones (bench/machine_noise.py); what narrows a comparison is the number
-of pairs, and short runs give several a second. A row's gain is the median of its per-round ratios to the
-timed row above; it counts where the 95% interval of that median leaves out 1 and the
-gain is at least 10% (FACTOR), else the row says "within noise" (or "under 10%"). Its
-runs are measurements for the table, kept out of the run store (nt.runs()).
+target, or the next round would end past BUDGET_S from the demo's start. On a busy
+machine the first rounds may end up to twice BUDGET_S, and only where the FEWEST_ROUNDS
+a 95% interval needs fit: a row timed in fewer has no figures (they would be noise) and
+says why in words. Why so short: a shared machine's speed wanders from one second to the
+next, as much for short runs as for long ones (bench/machine_noise.py); what narrows a
+comparison is the number of pairs, and short runs give several a second. A row's gain
+is the median of its per-round ratios to the timed row above; it counts where the 95%
+interval of that median leaves out 1 and the gain is at least 10% (FACTOR), else the row
+says "within noise" (or "under 10%"). Its runs are measurements for the table, kept out
+of the run store (nt.runs()).
 """
 from __future__ import annotations
 
@@ -33,14 +36,21 @@ from torch.utils.data import DataLoader, TensorDataset
 from ..config import SETTINGS, TrainConfig
 from ..data import datasets
 from ..entry import fit, watch
+from .demo_text import (Line, Outcome, busy_note, demo_text, no_rounds_note,
+                        own_loop_untimed_words, shown, untimed_row_words, untimed_words)
 
 BATCH_SIZE = 64
-# 16 passes over digits' 1,438 training images: 368 steps a run. The threads probe takes ~17 steps and at most budget.SHARE of a run, so a
-# run shorter than 340 steps would keep torch's threads unmeasured; 16 epochs leave margin.
+# 16 passes over digits' 1,438 training images: 368 steps a run. The threads probe takes
+# ~17 steps and at most budget.SHARE of a run, so a run shorter than 340 steps would keep
+# torch's threads unmeasured; 16 epochs leave margin.
 EPOCHS = 16
 TIMING_STEPS, TIMING_LOG_EVERY = 23, 5   # each timing run: one epoch, ~0.2 s, 5 records
 MIN_ROUNDS, MAX_ROUNDS = 12, 400
 LEVEL = 0.95           # the intervals: 95% for the median (distribution-free)
+# The fewest rounds with a 95% interval of the median (median_interval): a row timed in
+# fewer has figures that are noise, so it gets none, and rounds that cannot reach it are
+# not worth their time.
+FEWEST_ROUNDS = 6
 TARGET_SPREAD = 0.10   # rounds go on until every row's rate interval is at most this wide
 TARGET_RATIO_SPREAD = 0.04   # ... and every ratio's (+-2%), or the budget ends
 # A change counts where it is both there (its 95% interval leaves out 1) and at least 10%,
@@ -50,7 +60,6 @@ TARGET_RATIO_SPREAD = 0.04   # ... and every ratio's (+-2%), or the budget ends
 FACTOR = 1.10
 BUDGET_S = 79.0        # no round starts that would end after this (the rows' part of 90 s)
 OWN_LOOP_EPOCHS, OWN_LOOP_ROUNDS = 4, 3
-WIDTH = 100   # the text's paragraphs are wrapped at this
 
 # Everything a hand-written loop leaves at PyTorch's defaults: fp32, per-sample
 # DataLoader with no workers and no pinning, the data where it is, the for-loop optimizer,
@@ -225,14 +234,17 @@ def verdict(ratio: float, low: float, high: float) -> Tuple[str, str]:
 def more_rounds(done: int, unsettled: Sequence[str], elapsed_s: float, round_s: float,
                 min_rounds: int = MIN_ROUNDS, max_rounds: int = MAX_ROUNDS,
                 budget_s: float = BUDGET_S) -> bool:
-    """Whether to run another timing round: up to `min_rounds` unless one more would end
-    after twice the budget (a machine busy with other work: the busy note says so); then
-    while a figure is `unsettled` (its interval wider than its target), up to `max_rounds`,
-    if one more round ends in budget."""
+    """Whether to run another timing round (`round_s`: the last one's time, or before the
+    first the estimate of round_estimate): up to `min_rounds` while the rounds an interval
+    still needs (FEWEST_ROUNDS) would end within twice the budget (a machine busy with
+    other work: the busy note says so), since fewer give figures that are noise; then
+    while a figure is `unsettled` (its interval wider than its target), up to
+    `max_rounds`, if one more round ends in budget."""
     if done >= max_rounds:
         return False
     if done < min_rounds:
-        return elapsed_s + round_s <= 2 * budget_s
+        needed = max(1, min(FEWEST_ROUNDS, min_rounds) - done)
+        return elapsed_s + needed * round_s <= 2 * budget_s
     if elapsed_s + round_s > budget_s:
         return False
     return bool(unsettled)
@@ -246,6 +258,7 @@ class Row:
     first: object = None                  # the full run: what "auto" resolved to, and why
     runs: list = field(default_factory=list)   # the timing runs, one a round
     same_as: Optional[str] = None         # the row above whose settings this one resolved to
+    full_s: float = 0.0                   # the full run's wall time (0: not timed)
 
     @property
     def rates(self) -> List[float]:
@@ -261,27 +274,11 @@ class Row:
         return self.first.summary()[f"{name}_frac"]
 
 
-@dataclass
-class Line:
-    """One row of the table, in figures and words (what demo_stability compares)."""
-    label: str
-    rate: float
-    spread: float
-    vs_above: float
-    vs_plain: float
-    val_acc: float
-    kind: str       # 'base', 'same', 'gain', 'loss', 'noise'
-    words: str
-    why: str = ""   # for a toggle that does not pay here: why, from the run's time split
-    low: float = math.nan    # the 95% interval of vs_above
-    high: float = math.nan
-    raw_spread: float = math.nan   # the spread of the rates as measured, the machine's
-    #                                wander from round to round in it (the table's is without)
-
-
 def lines_of(rows: List[Row]) -> List[Line]:
     """The table's figures and verdicts: each timed row against the timed row above it
-    (a row that resolved to the settings above it is that row again)."""
+    (a row that resolved to the settings above it is that row again). A row with fewer
+    than FEWEST_ROUNDS rounds has no interval, so its figures are noise: it has none, and
+    says so in words (the text under the table says why: Demo.untimed)."""
     out, basis, plain = [], None, rows[0]
     adjusted = adjusted_rates(rows)
     for row in rows:
@@ -291,23 +288,30 @@ def lines_of(rows: List[Row]) -> List[Line]:
                             f"same settings as {row.same_as!r}", why_same(row)))
             continue
         rates, own = row.rates, adjusted[row.label]
-        rate = statistics.median(own) if own else math.nan
-        raw = spread(_measured(rates))
-        if basis is None:
-            out.append(Line(row.label, rate, spread(own), 1.0, 1.0, acc, "base", "",
-                            raw_spread=raw))
+        ratios = per_round_ratios(rates, basis.rates) if basis else _measured(rates)
+        if len(ratios) < FEWEST_ROUNDS:
+            out.append(Line(row.label, math.nan, math.nan, math.nan, math.nan, acc,
+                            "untimed", untimed_row_words(len(ratios))))
+        elif basis is None:
+            out.append(Line(row.label, statistics.median(own), spread(own), 1.0, 1.0, acc,
+                            "base", "", raw_spread=spread(_measured(rates))))
         else:
-            ratios = per_round_ratios(rates, basis.rates)
-            ratio = statistics.median(ratios) if ratios else math.nan
-            low, high = median_interval(ratios)
-            kind, words = verdict(ratio, low, high)
-            vs_plain = per_round_ratios(rates, plain.rates)
-            out.append(Line(row.label, rate, spread(own), ratio,
-                            statistics.median(vs_plain) if vs_plain else math.nan, acc,
-                            kind, words, why_not(row, basis) if kind != "gain" else "",
-                            low, high, raw))
+            out.append(_timed_line(row, basis, plain, own, acc))
         basis = row
     return out
+
+
+def _timed_line(row: Row, basis: Row, plain: Row, own: List[float], acc: float) -> Line:
+    """A timed row's line: its rate, its ratio to the timed row above with that ratio's
+    95% interval and verdict, and its ratio to the plain loop."""
+    ratios = per_round_ratios(row.rates, basis.rates)
+    ratio, (low, high) = statistics.median(ratios), median_interval(ratios)
+    kind, words = verdict(ratio, low, high)
+    vs_plain = per_round_ratios(row.rates, plain.rates)
+    return Line(row.label, statistics.median(own), spread(own), ratio,
+                statistics.median(vs_plain) if vs_plain else math.nan, acc, kind,
+                words, why_not(row, basis) if kind != "gain" else "", low, high,
+                spread(_measured(row.rates)))
 
 
 def adjusted_rates(rows: List[Row]) -> Dict[str, List[float]]:
@@ -383,6 +387,8 @@ class Demo:
     rounds: int
     wall_s: float
     own_loop: Optional[dict] = None
+    untimed: str = ""   # why the rows have too few rounds for figures ('' where they do not)
+    own_loop_untimed: str = ""   # why the own loop was not timed ('' where it was)
 
     @property
     def lines(self) -> List[Line]:
@@ -395,6 +401,12 @@ class Demo:
     @property
     def finished(self) -> bool:
         return all(r.state == "finished" for runs in self.runs.values() for r in runs)
+
+    def outcome(self, device: str) -> Outcome:
+        """The demo as plain data, for demo_text."""
+        return Outcome(self.lines, resolved_entries(self.rows),
+                       self.rows[0].first.summary()["steps"], self.rounds, self.untimed,
+                       FACTOR, self.own_loop, self.own_loop_untimed, self.wall_s, device)
 
 
 def run_demo(epochs: int = EPOCHS, max_rounds: int = MAX_ROUNDS, progress: bool = False,
@@ -409,8 +421,7 @@ def run_demo(epochs: int = EPOCHS, max_rounds: int = MAX_ROUNDS, progress: bool 
     # no FLOP count (the table shows no MFU): its ~1.7 s go to the timing rounds
     base = TrainConfig(epochs=epochs, batch_size=BATCH_SIZE, optimizer="adamw", lr=3e-3,
                        scheduler="onecycle", seed=0, store=False, count_flops=False)
-    from .demo_text import busy_note, demo_text  # the text reads this module's rows
-    busy = busy_note()
+    busy = busy_note(budget_s)
     if busy:
         say(busy)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -427,25 +438,64 @@ def run_demo(epochs: int = EPOCHS, max_rounds: int = MAX_ROUNDS, progress: bool 
     val = datasets.digits("val")
     for row in rows:   # the full runs: with the bar if asked for (300 timing runs: never)
         say(f"{row.label}: {epochs} epochs, every auto measured")
+        begin = time.perf_counter()
         row.first = train(configs[row.label], val_data=val, progress=bar)
+        row.full_s = time.perf_counter() - begin
     mark_same_settings(rows)
     rounds = time_in_rounds(rows, lambda row: train(timing_config(base, row, timing_steps)),
-                            start, say, min_rounds, max_rounds, budget_s)
-    demo = Demo(rows, rounds, 0.0)
-    demo.own_loop = own_loop_ratio(x, y, own_loop_epochs, own_loop_rounds, say)
+                            start, say, min_rounds, max_rounds, budget_s,
+                            round_estimate(rows, timing_steps))
+    demo = Demo(rows, rounds, 0.0, untimed=_untimed(rounds, max_rounds, budget_s))
+    # the own loop's whole calls, like the first rounds, only where they end within twice
+    # the budget: on a machine too busy for that its ratio would be noise, and late
+    own_s = own_loop_estimate(rows, epochs, own_loop_epochs, own_loop_rounds)
+    elapsed = time.perf_counter() - start
+    if elapsed + own_s <= 2 * budget_s:
+        demo.own_loop = own_loop_ratio(x, y, own_loop_epochs, own_loop_rounds, say)
+    else:
+        demo.own_loop_untimed = own_loop_untimed_words(elapsed, own_s, 2 * own_loop_rounds,
+                                                       budget_s)
+        say(demo.own_loop_untimed)
     demo.wall_s = time.perf_counter() - start
-    say("\n" + demo_text(demo, device) + ("\n\n" + busy if busy else ""))
+    say("\n" + demo_text(demo.outcome(device)) + ("\n\n" + busy if busy else ""))
     return demo
+
+
+def _untimed(rounds: int, max_rounds: int, budget_s: float) -> str:
+    """Why the rows have no figures, where too few rounds ran for an interval; '' else."""
+    if rounds >= FEWEST_ROUNDS:
+        return ""
+    return untimed_words(rounds, FEWEST_ROUNDS, rounds >= max_rounds, budget_s)
+
+
+def resolved_entries(rows: List[Row]) -> List[Tuple[str, str, str]]:
+    """What each row's toggle resolved to, and why (its full run's run.resolved), as
+    (the row's label on its first entry, 'name=value', why)."""
+    entries = []
+    for row in rows[1:]:
+        resolved = row.first.resolved
+        names = [name for name in row.toggle.fields if name in resolved]
+        entries += [(row.label if i == 0 else "", f"{name}={shown(resolved[name][0])}",
+                     resolved[name][1]) for i, name in enumerate(names)]
+    return entries
 
 
 def time_in_rounds(rows: List[Row], timing_run: Callable[[Row], object], start: float,
                    say: Callable[[str], None], min_rounds: int = MIN_ROUNDS,
-                   max_rounds: int = MAX_ROUNDS, budget_s: float = BUDGET_S) -> int:
+                   max_rounds: int = MAX_ROUNDS, budget_s: float = BUDGET_S,
+                   first_round_s: float = 0.0) -> int:
     """Append a `timing_run(row)` to each timed row per round, in round_order, while
-    more_rounds says so (the demo began at `start`); returns the rounds run."""
+    more_rounds says so (the demo began at `start`; `first_round_s`: the first round's
+    estimate, round_estimate); returns the rounds run."""
     timed = [row for row in rows if row.same_as is None]
+    rounds, round_s = 0, first_round_s
+    if not more_rounds(0, unsettled(rows), time.perf_counter() - start, round_s, min_rounds,
+                       max_rounds, budget_s):
+        if max_rounds:   # else none were asked for
+            say(no_rounds_note(time.perf_counter() - start, round_s, FEWEST_ROUNDS,
+                               budget_s))
+        return 0
     say(f"timing {len(timed)} rows in rounds of a short run each, the order alternating")
-    rounds, round_s = 0, 0.0
     while more_rounds(rounds, unsettled(rows), time.perf_counter() - start, round_s,
                       min_rounds, max_rounds, budget_s):
         round_start = time.perf_counter()
@@ -458,6 +508,21 @@ def time_in_rounds(rows: List[Row], timing_run: Callable[[Row], object], start: 
     return rounds
 
 
+def round_estimate(rows: Sequence[Row], timing_steps: int = TIMING_STEPS) -> float:
+    """A timing round's seconds before any is run: each timed row's full run, scaled from
+    its steps to `timing_steps` (an over-estimate: the full run also validated and
+    measured). 0 where the full runs were not timed."""
+    return sum(row.full_s * timing_steps / row.first.summary()["steps"]
+               for row in rows if row.same_as is None and row.full_s)
+
+
+def own_loop_estimate(rows: Sequence[Row], epochs: int, own_epochs: int, rounds: int) -> float:
+    """The own loop's seconds before it runs: each round a call as written (about the plain
+    loop's full run) and one watched (about the last row's, nbtrain's defaults), scaled
+    from the full runs' `epochs` to `own_epochs`. 0 where the full runs were not timed."""
+    return rounds * (rows[0].full_s + rows[-1].full_s) * own_epochs / epochs
+
+
 def _rotated(rows: list, k: int) -> list:
     k %= len(rows)
     return rows[k:] + rows[:k]
@@ -468,10 +533,6 @@ def _progress_bar():
         attach_progress,  # the UI hands the bar to fit (a view, above it)
     )
     return attach_progress
-
-
-def shown(value) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 # -- your own loop, watched ------------------------------------------------------------------------

@@ -10,9 +10,9 @@ import torch
 
 from ..auto import budget
 from ..auto.precision import (
-    amp_for,
     bf16_key,
     bf16_units,
+    decided_amp,
     known_bf16_gain,
     model_inputs,
     resolve_amp,
@@ -137,7 +137,4 @@ def watch_amp(requested: str, device: torch.device, why_not: str, key, own_autoc
         return TRIAL, (f"{units}: bf16 is measured on your loop's own steps, a pair of blocks "
                        f"at a time, each once it costs at most {budget.words()} of the time run "
                        "so far; fp32 until then")
-    if amp_for(gain, True, "off") == "bf16":   # a known gain was decisive
-        return "bf16", f"{units}; {source} {gain:.2f}x faster than fp32 on this model"
-    return "off", (f"{units}, but bf16 {source} {gain:.2f}x of fp32 speed on this "
-                   "model (too small to gain)")
+    return decided_amp(gain, source, units, "off")   # a known gain was decisive

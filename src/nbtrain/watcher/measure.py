@@ -471,15 +471,15 @@ class Bf16Trial:
     def verdict(self):
         """(keep bf16, the median gain, why): `decide`, with fp32 as the default (the loop as
         written)."""
-        amp, gain, decisive = decide(self.per_step["off"], self.per_step["bf16"], "off")
+        amp, gain, decisive, noise = decide(self.per_step["off"], self.per_step["bf16"],
+                                            "off")
         if amp == "bf16":
             return True, gain, f"bf16 {gain:.2f}x faster than fp32, beyond the noise of the blocks"
         if decisive and gain >= 1:
             return False, gain, f"bf16 only {gain:.2f}x of fp32 (less than {MIN_BF16_GAIN}x)"
         if decisive:
             return False, gain, f"bf16 slower: {gain:.2f}x of fp32 speed"
-        return False, gain, (f"bf16 {gain:.2f}x of fp32, within the noise of the blocks: fp32 "
-                             "kept, as written")
+        return False, gain, f"bf16 against fp32: {noise}: fp32 kept, as written"
 
     def decisive(self) -> bool:
         return blocks_decisive(self.per_step["off"], self.per_step["bf16"])
