@@ -5,6 +5,7 @@ notebook kernel (nbval) and the real browser are in test_browser.py.
 """
 from __future__ import annotations
 
+import html
 import re
 import subprocess
 import sys
@@ -289,6 +290,22 @@ def test_each_train_adds_a_line_and_a_table_row_from_the_same_start(make_panel):
     # Every Train starts from the initial weights: same settings, same losses.
     assert [r["loss"] for r in first.records()] == [r["loss"] for r in third.records()]
     assert first.records()[0]["loss"] != second.records()[0]["loss"]
+
+
+def test_the_last_two_runs_are_compared_per_step_once_both_ended(make_panel):
+    panel = make_panel(cfg(max_steps=20))   # 4 records: 3 after the warm-up one
+    panel.train_button.click()
+    finish(panel)
+    assert panel.compared.value == ""   # one run: nothing to compare
+    set_value(panel, "batch_size", 32)
+    panel.train_button.click()
+    finish(panel)
+    first, second = panel.runs
+    expected = nt.diff(first, second, labels=("run 1", "run 2")).text().splitlines()
+    shown = panel.compared.value
+    assert "run 2 against run 1 (nt.diff):<br><b>" in shown
+    assert f"<b>{html.escape(expected[0])}</b>" in shown
+    assert "batch_size 64 -&gt; 32" in shown and "time split: " in shown
 
 
 def test_status_shows_progress_eta_and_what_auto_resolved(make_panel):

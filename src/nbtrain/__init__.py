@@ -22,6 +22,7 @@ if TYPE_CHECKING:   # what static readers see (IDEs, the API reference); loaded 
     from .runstore.read import delete_runs, load_run, runs
     from .tools.autotune import autotune
     from .tools.compare import compare
+    from .tools.diff import Diff, diff
     from .tools.lr_find import lr_find
     from .tools.profiling import profile
     from .train.schedule import schedule_preview
@@ -29,7 +30,7 @@ if TYPE_CHECKING:   # what static readers see (IDEs, the API reference); loaded 
     from .views.dashboard import Dashboard
 
 __all__ = ["TrainConfig", "ConfigError", "fit", "watch", "Run", "TrainingError", "schedule_preview",
-           "max_batch_size", "compare", "lr_find", "autotune", "profile",
+           "max_batch_size", "compare", "diff", "Diff", "lr_find", "autotune", "profile",
            "runs", "load_run", "delete_runs",
            "datasets", "data", "load_ipython_extension", "unload_ipython_extension",
            "Panel", "Dashboard"]
@@ -40,7 +41,8 @@ _LAZY = {"TrainConfig": "config", "ConfigError": "config",
          "fit": "entry", "watch": "entry",
          "Run": "run", "TrainingError": "run",
          "schedule_preview": "train.schedule", "max_batch_size": "auto.memory",
-         "compare": "tools.compare", "lr_find": "tools.lr_find",
+         "compare": "tools.compare", "diff": "tools.diff", "Diff": "tools.diff",
+         "lr_find": "tools.lr_find",
          "autotune": "tools.autotune", "profile": "tools.profiling",
          "runs": "runstore.read", "load_run": "runstore.read", "delete_runs": "runstore.read",
          "Panel": "ui.panel", "Dashboard": "views.dashboard"}

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 import warnings
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from .auto.compiling import warmup_split
 from .auto.rates import percent, rate_fields
 from .config import TrainConfig
 from .tables import plain
+from .telemetry.gaps import PARTS, Gaps, between_words
 
 STATES = ("created", "running", "finished", "stopped", "interrupted", "failed")
 # and "crashed": a stored run whose process died while it trained (nt.load_run, nt.runs)
@@ -24,6 +26,43 @@ class TrainingError(RuntimeError):
     def __init__(self, message: str, run: "Run"):
         super().__init__(message)
         self.run = run
+
+
+class HostRead(NamedTuple):
+    """A line of your code that read tensors to the host while the loop trained."""
+    where: str        # "train.py:12"; in a notebook "cell 3, line 5" (IPython's In[3])
+    code: str         # the line's text
+    per_step: float   # its reads a step, over the steps counted
+
+
+class HostReads(list):
+    """`run.host_reads()`: HostRead rows, the most reads a step first; `note` says over
+    which steps they were counted, or in words why there are none."""
+
+    def __init__(self, rows: List[HostRead], note: str):
+        super().__init__(rows)
+        self.note = note
+
+    @property
+    def worst(self) -> Optional[HostRead]:
+        return self[0] if self else None
+
+    def __repr__(self) -> str:
+        if not self:
+            return self.note
+        where = max(len("where"), *(len(row.where) for row in self))
+        code = max(len("code"), *(len(row.code) for row in self))
+        lines = [f"{'where':<{where}}  {'code':<{code}}  per_step"]
+        lines += [f"{row.where:<{where}}  {row.code:<{code}}  {row.per_step:>8.3g}"
+                  for row in self]
+        return "\n".join(lines + [self.note])
+
+    def _repr_html_(self) -> str:
+        import html
+        from .tables import html_table
+        table = html_table([("where", "where"), ("code", "code"), ("per_step", "per_step")],
+                           [row._asdict() for row in self]) if self else ""
+        return f"{table}<p>{html.escape(self.note)}</p>"
 
 
 class Run:
@@ -50,6 +89,8 @@ class Run:
         self.measuring = ""                 # what the setup measures now (the progress line)
         self.total_steps: Optional[int] = None
         self.wall_s = 0.0
+        self.between = Gaps()               # the time between steps, by what took it (gaps())
+        self._started_at: Optional[float] = None   # this segment's start (perf_counter)
         self._stop = threading.Event()
         self._interrupted = False           # set by Ctrl-C: ends as "interrupted"
         self._diverged = False              # a non-finite loss stopped it: weights may be too
@@ -143,6 +184,7 @@ class Run:
         """Mark the run "running"; with `thread` (a background fit) start it too: "running"
         before it starts, so that a caller polling right after fit returns sees it."""
         self.state = "running"
+        self._started_at = time.perf_counter()
         self._thread = thread or threading.current_thread()
         if thread is not None:
             thread.start()
@@ -233,6 +275,8 @@ class Run:
         self.error = error if error is not None else self.error
         self.message = message if message is not None else self.message
         self.wall_s += elapsed_s
+        self.emit({"kind": "gaps", "step": self.step, "wall_s": self.wall_s,
+                   **self.between.parts()})   # kept, stored: load_run's gaps() reads it
         try:
             self._rng_at_end = read_rng()
             self.emit({"kind": "end", "state": self.state, "step": self.step,
@@ -272,6 +316,65 @@ class Run:
 
     def summary_text(self) -> str:
         return summary_table(self)
+
+    def host_reads(self) -> HostReads:
+        """The lines of your code that read tensors to the host while the loop trained
+        (`.item()`, `.tolist()`, `float()`/`int()`/`bool()` of a tensor, `print` of one,
+        `.cpu()`, `.numpy()`): rows of `where`, `code` and `per_step`, the most first. Each
+        read waits for every kernel queued on a GPU. nt.watch counts them over the loop's
+        first 30 steps (a loop reads in the same places every step): live from then on,
+        and from a stored run (nt.load_run). A read of a CPU tensor without a graph (an
+        index's .item()) is no host read and is not counted, nor are nbtrain's own.
+        Under nt.fit the table is empty and its `note` says why: fit's loop reads the loss
+        once per log_every steps, and reads in your model's forward or loss_fn are not
+        counted (run the loop under nt.watch to see them).
+
+        >>> run.host_reads()[0]
+        HostRead(where='cell 3, line 7', code='total_loss += loss.item()', per_step=1.0)
+        """
+        table = next((r for r in self.history if r["kind"] == "host_reads"), None)
+        if table is None:
+            return HostReads([], self._why_no_host_reads())
+        first, last = table["step"] - table["steps"] + 1, table["step"]
+        if not table["rows"]:
+            return HostReads([], f"none: your loop read no tensor to the host over steps "
+                                 f"{first}-{last}")
+        return HostReads([HostRead(**row) for row in table["rows"]],
+                         f"{table['per_step']:.3g} reads a step in all, counted over steps "
+                         f"{first}-{last}")
+
+    def _why_no_host_reads(self) -> str:
+        if self.kind != "watch":
+            return ("not counted under nt.fit: its loop reads the loss once per log_every "
+                    "steps; reads in your model's forward or loss_fn are not counted (run "
+                    "the loop under nt.watch to see them)")
+        if self.state == "running":
+            return "not counted yet: a watch counts them over its loop's first 30 steps"
+        if not self.step:
+            return "none: the loop made no step"
+        return ("not known: this run's records hold no table of host reads (stored by an "
+                "nbtrain that did not count their lines, or its process ended before "
+                "the 30th step)")
+
+    def gaps(self) -> List[dict]:
+        """The run's wall time as parts that add up to it, each a row of `part`, `seconds`
+        and `share`: "steps", then what took the time between them: "evaluation"
+        (validation; under nt.watch a pass over another DataLoader between steps),
+        "saving" (checkpoints, torch.save), "loader start" (the training loader's first
+        batch of each epoch: its iterator, its workers' start) and "your code" (a watched
+        loop's own code between steps). Live while the run trains; a stored run's from its
+        end (nt.load_run).
+
+        >>> [row["part"] for row in run.gaps()]
+        ['steps', 'evaluation', 'saving', 'loader start', 'your code']
+        """
+        if self._started_at is None:   # a stored run: its last segment's, as it ended
+            ended = next((r for r in reversed(self.history) if r.get("kind") == "gaps"), None)
+            if ended is not None:
+                return Gaps({p: ended.get(p, 0.0) for p in PARTS}).table(ended["wall_s"])
+        running = self.state == "running" and self._started_at is not None
+        wall = self.wall_s + (time.perf_counter() - self._started_at if running else 0.0)
+        return self.between.table(wall)
 
     def state_dict(self) -> dict:
         """Everything needed to resume exactly (model, optimizer, schedule, position, RNG,
@@ -416,13 +519,15 @@ def summarize(run) -> dict:
         out["steady_samples_per_s"] = split.get("steady_samples_per_s", out["samples_per_s"])
     if train and "copy_s" in train[-1]:
         from .auto.diagnosis import diagnose
-        out["diagnosis"] = diagnose(out, run.resolved)
+        out["diagnosis"] = diagnose(dict(out, worst_host_read=run.host_reads().worst),
+                                     run.resolved)
     if any("cuda_peak_allocated_mb" in r for r in train):
         out["peak_cuda_mb"] = max(r.get("cuda_peak_allocated_mb", 0.0) for r in train)
     if val:
         out["val_loss"] = val[-1]["val_loss"]
         if "val_acc" in val[-1]:
             out["val_acc"] = val[-1]["val_acc"]
+    out["gaps"] = {row["part"]: row["seconds"] for row in run.gaps()}
     return out
 
 
@@ -444,10 +549,17 @@ def summary_table(run) -> str:
     if "tflops" in s:
         rows.append(("compute rate", f"{s['tflops']:.3g} TFLOP/s" + (
             f", {percent(s['mfu'])} MFU" if "mfu" in s else "")))
+    worst = run.host_reads().worst
+    if worst is not None:
+        rows.append(("host reads", f"{s.get('host_reads_per_step', 0.0):.2g} a step; the most "
+                                   f"at {worst.where}: {worst.code} ({worst.per_step:.2g} a step)"))
     if "diagnosis" in s:
         rows.append(("time split", f"data wait {s['data_wait_frac']:.0%}, copy "
                                    f"{s['copy_frac']:.0%}, compute {s['compute_frac']:.0%}"))
         rows.append(("diagnosis", s["diagnosis"]))
+    between = between_words(run.gaps())
+    if between != "-":
+        rows.append(("between steps", between))
     if s["message"]:
         rows.append(("note", s["message"]))
     width = max(len(name) for name in [k for k, _ in rows] + list(s["settings"])) + 2

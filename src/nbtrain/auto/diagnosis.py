@@ -2,6 +2,7 @@
 that targets it (read by the loop for each train record, and by the report)."""
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 import torch
@@ -20,7 +21,8 @@ NEAR_PEAK_MFU = 0.5
 
 def diagnose(fractions: dict, resolved: dict) -> str:
     """Name the bottleneck from the time split and suggest the toggle that targets it;
-    then what a loop of your own spends that fit would not (nt.watch's counters)."""
+    then what a loop of your own spends that fit would not (nt.watch's counters, and
+    `worst_host_read`: the row of run.host_reads() with the most reads a step)."""
     return "; ".join([_bottleneck(fractions, resolved), *own_loop_findings(fractions),
                       *host_read_findings(resolved), *compile_findings(resolved)])
 
@@ -50,11 +52,14 @@ def own_loop_findings(fractions: dict) -> list:
     """What nt.watch counted in the loop you wrote, each with the line to change."""
     findings = []
     reads = fractions.get("host_reads_per_step", 0.0)
+    worst_read = fractions.get("worst_host_read")
     if reads >= 0.5:   # about every step (a read after the last step falls outside)
         findings.append(
-            f"your loop reads tensors back to the host {reads:.2g}x per step (loss.item(), "
-            ".cpu(), print): on a GPU each read waits for every queued kernel - read the "
-            "loss every few steps, or take it from run.history")
+            f"your loop reads tensors back to the host {reads:.2g}x per step"
+            + (f", {_the_line(worst_read)}" if worst_read else " (loss.item(), .cpu(), print)")
+            + ": on a GPU each read waits for every queued kernel - accumulate on the "
+            f"device and read every log_every steps ({_accumulated(worst_read)}), or take "
+            "the loss from run.history")
     if fractions.get("kept_losses_per_step", 0.0) >= 1:
         findings.append(
             "your loop keeps each step's loss with its graph (losses.append(loss)): memory "
@@ -65,6 +70,21 @@ def own_loop_findings(fractions: dict) -> list:
             "sample, then a stack of the samples per batch) - index them instead (x[idx] for a shuffled idx), or let "
             "nt.watch do it (batched_fetch, on unless optimize=False)")
     return findings
+
+
+def _the_line(read) -> str:
+    return f"the most at {read.where}: {read.code} ({read.per_step:.2g}x per step)"
+
+
+def _accumulated(read) -> str:
+    """The line's replacement: the value it reads, summed on the device and read once
+    every log_every steps (a read drains the GPU's queue however little it reads)."""
+    value = "value"   # an expression the patterns do not find: the advice's shape
+    found = read and re.search(r"([\w.\[\]]+?)\.(?:item|tolist|cpu|numpy)\(", read.code) or \
+        read and re.search(r"\b(?:print|float|int)\(([\w.\[\]]+)\)", read.code)
+    if found:
+        value = found.group(1)
+    return f"total += {value}.detach(), then total.item() every log_every steps"
 
 
 def _bottleneck(fractions: dict, resolved: dict) -> str:

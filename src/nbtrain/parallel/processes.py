@@ -28,6 +28,7 @@ from .. import checkpoint as ckpt
 from ..auto.devices import resolve_device
 from ..config import ConfigError, TrainConfig
 from ..run import Run, TrainingError
+from ..telemetry.gaps import PARTS
 from ..train.optim import build_optimizer, resolve_impl
 from ..train.prepare import batches_per_epoch, count_steps, dataset_length
 from ..train.schedule import Schedule
@@ -252,7 +253,9 @@ def supervise(run: Run, ranks: Ranks, load_state=None) -> None:
                 failure = _silence(ranks, ends, heard)
                 continue
             heard = time.monotonic()
-            if kind == "record":
+            if kind == "record" and body["kind"] == "gaps":
+                _take_gaps(run, rank, body)
+            elif kind == "record":
                 for record in merger.add(rank, body):
                     _follow(run, record)
                     run.emit(record)
@@ -294,6 +297,14 @@ class _Relay:
             self.lr = lr
             if lr is not None:
                 self.requests.set_lr(lr)
+
+
+def _take_gaps(run: Run, rank: int, record: dict) -> None:
+    """Rank 0's time between its steps, as the notebook's Run's (its own end adds the wall
+    time, the processes' start included, to the steps)."""
+    if rank == 0:
+        for part in PARTS:
+            run.between.add(part, record.get(part, 0.0))
 
 
 def _follow(run: Run, record: dict) -> None:

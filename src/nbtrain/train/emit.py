@@ -46,5 +46,8 @@ def _diagnosis(run: Run, record: dict, interval: Interval, last: bool) -> str:
     now = time.perf_counter()
     at, text = interval.diagnosed
     if last or not text or now - at >= DIAGNOSE_EVERY_S:
-        interval.diagnosed = now, diagnose(record, run.resolved)
+        # a watch's counted reads: the line that reads the most (nt.fit counts none)
+        worst = run.host_reads().worst if record.get("host_reads_per_step") else None
+        seen = dict(record, worst_host_read=worst) if worst else record
+        interval.diagnosed = now, diagnose(seen, run.resolved)
     return interval.diagnosed[1]

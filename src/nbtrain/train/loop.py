@@ -74,14 +74,18 @@ def _train(run: Run, setup: Setup) -> None:
         while run.step < run.total_steps and not run.stop_requested and _epochs_left(run):
             windows = _windows(setup.batches.epoch(run.epoch, run.batch_in_epoch),
                                cfg.grad_accum_steps)
-            ran_out = False
+            ran_out, starting = False, True
             try:
                 while run.step < run.total_steps:
                     # --- next batch(es): time spent here is the data wait (on CUDA the
                     # Interval keeps the part of it the GPU sat idle: see CudaTimer)
                     t = time.perf_counter()
                     window = next(windows, None)
-                    interval.data_wait_s += time.perf_counter() - t
+                    waited = time.perf_counter() - t
+                    interval.data_wait_s += waited
+                    if starting:   # the epoch's loader starting (its workers): a gap
+                        run.between.add("loader start", waited)
+                        starting = False
                     if window is None:
                         ran_out = True
                         break
@@ -244,7 +248,9 @@ def _save_checkpoint(run: Run) -> None:
     checkpoint stays the one to resume from."""
     if run.config.checkpoint_dir and not run.diverged:
         run.enter("checkpoint")
+        started = time.perf_counter()
         run.save(ckpt.path_in(run.config.checkpoint_dir))
+        run.between.add("saving", time.perf_counter() - started)
         run.enter("load")
 
 
@@ -281,7 +287,9 @@ def _validate(run: Run, setup: Setup) -> None:
     if setup.val_batches is None:
         return
     run.enter("validate")
+    started = time.perf_counter()
     record = evaluate(run, setup)
+    run.between.add("evaluation", time.perf_counter() - started)
     run.enter("load")
     run.schedule.on_validation(record["val_loss"])
     run.emit(record)

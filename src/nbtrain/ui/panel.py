@@ -198,6 +198,7 @@ class Panel:
         self._note = ""                  # why a button did nothing (shown until the next edit)
         self._stopping = None            # the run that Stop was pressed for
         self._report = ""                # the report file written last (linked until a Train)
+        self._compared = ((), "")        # (the two runs' ids, their nt.diff as HTML)
         self.run = None                  # the latest Run (Stop and Resume act on it)
         self.runs: List[Any] = []        # one per line on the charts (a resume replaces its run)
         self._initial = _weights_of(model) if reset_weights else None
@@ -327,9 +328,11 @@ class Panel:
         self.status = widgets.HTML(value="")     # state, step/total, samples/s, ETA
         self.message = widgets.HTML(value="")    # why a button did nothing, pending settings
         self.settings = widgets.HTML(value="")   # what "auto" became, and why (run.resolved)
+        self.compared = widgets.HTML(value="")   # the last two runs: nt.diff's text
         buttons = widgets.HBox([self.train_button, self.stop_button, self.resume_button,
                                 self.report_button, self.profile_button])
-        side = widgets.VBox([buttons, self.status, self.message, self.settings, self.profiled],
+        side = widgets.VBox([buttons, self.status, self.message, self.compared, self.settings,
+                             self.profiled],
                             layout=widgets.Layout(padding="0 0 0 1em", width="44%"))
         self.widget = widgets.VBox([widgets.HBox([tabs, side]), self.dashboard.widget])
         self.widget.add_class("nbtrain-panel")
@@ -414,6 +417,7 @@ class Panel:
         """
         self.status.value = f"<span class='nbtrain-status'>{html.escape(self.status_text())}</span>"
         self.settings.value = _resolved_html(self.run)
+        self.compared.value = self._compared_html()
         self.message.value = self._message_html()
         self._refresh_buttons()
 
@@ -427,6 +431,18 @@ class Panel:
         stopping = self.running and self._stopping is self.run
         text = "stopping at the next step..." if stopping else self._pending_text()
         return f"<span style='color:#555;font-size:12px'>{html.escape(text)}</span>" if text else ""
+
+    def _compared_html(self) -> str:
+        """The last two runs compared per step (nt.diff), once both have ended: an ended
+        run's records no longer change, so each pair is compared once."""
+        pair = self.runs[-2:]
+        if len(pair) < 2 or any(run.state in ("created", "running") for run in pair):
+            return ""
+        key = tuple(id(run) for run in pair)
+        if self._compared[0] != key:
+            self._compared = key, _diff_html(*pair, labels=[self.dashboard.slot_of(run).label
+                                                            for run in pair])
+        return self._compared[1]
 
     def _refresh_buttons(self) -> None:
         self.train_button.disabled = self.running or bool(self.error)
@@ -484,6 +500,20 @@ def _config_text(config: TrainConfig) -> str:
             f"epochs={config.epochs} max_steps={config.max_steps} "
             f"optimizer={text_of(config.optimizer)} lr={config.lr:g} "
             f"scheduler={text_of(config.scheduler)}")
+
+
+def _diff_html(a, b, labels) -> str:
+    """nt.diff(a, b)'s text, its first line in bold; empty where a run has no step records."""
+    from ..tools.diff import diff
+    try:
+        first, *rest = diff(a, b, labels=tuple(labels)).text().splitlines()
+    except ValueError:   # a run stopped before its first record: nothing to compare
+        return ""
+    details = html.escape("\n".join(rest))
+    return (f"<div style='font-size:11px;line-height:1.35;margin:4px 0'>"
+            f"{html.escape(labels[1])} against {html.escape(labels[0])} (nt.diff):<br>"
+            f"<b>{html.escape(first)}</b><pre style='font-size:11px;margin:2px 0;"
+            f"white-space:pre-wrap'>{details}</pre></div>")
 
 
 def _resolved_html(run) -> str:

@@ -31,6 +31,7 @@ import numpy as np
 
 from ..kinds import text_of
 from ..tables import formatted
+from ..telemetry.gaps import between_words
 from .plotly_renderer import (
     UNCHANGED,
     PlotlyRenderer,
@@ -436,11 +437,18 @@ def _table_row(slot: Slot) -> List[str]:
             html.escape(_settings_text(run)), html.escape(run.state), f"{run.step}/{total}",
             formatted(slot.samples_per_s, ",.0f"), formatted(last.get("mfu"), ".1%"),   # flops.py
             peak, formatted(last.get("loss"), ".4g"),
-            formatted(val.get("val_loss"), ".4g"), formatted(val.get("val_acc"), ".1%")]
+            formatted(val.get("val_loss"), ".4g"), formatted(val.get("val_acc"), ".1%"),
+            html.escape(_between_text(run))]
 
 
 TABLE_HEAD = ("run", "settings", "state", "steps", "samples/s", "MFU", "peak memory MB",
-              "final loss", "val loss", "val acc")
+              "final loss", "val loss", "val acc", "between steps")
+
+
+def _between_text(run) -> str:
+    """run.gaps() in a cell ("-" for a Run from elsewhere, which may have none)."""
+    gaps = getattr(run, "gaps", None)
+    return between_words(gaps()) if gaps else "-"
 
 
 def _table_html(slots: List[Slot]) -> str:

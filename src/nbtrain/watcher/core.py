@@ -27,6 +27,7 @@ from .. import checkpoint as ckpt
 from ..run import Run
 from ..telemetry.timers import HostTimer, Interval, RestTimer
 from .autocast import TRIAL, Autocast
+from .between import Between
 from .copies import Copies
 from .edge import Edge, StopWatching
 from .forward import Forward
@@ -55,13 +56,14 @@ class Watcher:
         self.forward = None   # Forward, below: the measuring part calls back into it
         self.measure = Measure(edge, self.autocast, done=lambda: self.forward.drop_hooks_if_unneeded())
         self.copies = Copies(edge)
+        self.between = Between(edge)
         self.ranks = None if ranks is None else _data_parallel(
             edge, ranks, trains_on_a_loader=lambda: self.loader.training is not None)
-        self.loader = Loader(edge, self.copies, self.measure, self.ranks)
-        self.forward = Forward(edge, self.loader, self.autocast, self.measure,
+        self.loader = Loader(edge, self.copies, self.measure, self.between, self.ranks)
+        self.forward = Forward(edge, self.loader, self.autocast, self.measure, self.between,
                                found=self._found_model, active=lambda: Watcher.active is self)
         self.records = Records(edge, self.loader, record_floor_s)
-        self.steps = Steps(edge, self.scaling, self.records, self.measure,
+        self.steps = Steps(edge, self.scaling, self.records, self.measure, self.between,
                            first_sign=self._first_sign)
 
     @property
@@ -107,6 +109,7 @@ class Watcher:
         self.records.install()
         self.scaling.install()
         self.copies.install()
+        self.between.install()
 
     def remove(self) -> None:
         """Undo every hook and patch, last first, whatever else fails."""
@@ -252,6 +255,7 @@ class Watcher:
         """End the Run: undo every hook first, then the last records, then the state.
         True when `exc` is the watch's own stop (the with block swallows it)."""
         self.scaling.last_update()
+        self.between.end()
         self.remove()
         edge, run = self.edge, self.run
         interval = edge.interval

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+import time
 import weakref
 
 import torch
@@ -35,8 +36,9 @@ class Forward:
     the model's first forward; `active()` says whether this watch still runs (a reference
     to torch.compile kept past it wraps nothing)."""
 
-    def __init__(self, edge, loader, autocast, measure, found, active):
+    def __init__(self, edge, loader, autocast, measure, between, found, active):
         self.edge, self.loader, self.autocast, self.measure = edge, loader, autocast, measure
+        self.between = between          # between.py: a step's start without a DataLoader
         self._found, self._active = found, active
         self._depth = 0                 # module calls in progress, until the model is found
         self._hooks = []                # the global forward hooks' handles, while needed
@@ -221,6 +223,8 @@ class Forward:
             edge.stop_if_asked()
         if torch.is_grad_enabled():   # an evaluation forward (no_grad) is no step's
             if self.loader.training is None:   # else the training batch starts the step
+                if edge.tally.at_boundary:
+                    self.between.step_starts(time.perf_counter())
                 if edge.marks_steps:
                     edge.interval.step_starts()
                 self.measure.step_starts()

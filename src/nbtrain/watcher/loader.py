@@ -43,8 +43,9 @@ class Loader:
     (the batched fetch, workers). It hands the batches to the copies part and starts a
     FLOP count due (the measuring part) at a training batch."""
 
-    def __init__(self, edge, copies, measure, ranks=None):
+    def __init__(self, edge, copies, measure, between, ranks=None):
         self.edge, self.copies, self.measure, self.ranks = edge, copies, measure, ranks
+        self.between = between          # between.py: an evaluation pass, an epoch's start
         self.training = None            # weakref to the loader the loop trains on
         self.collates_tensors = False   # the loop's DataLoader collates tensors sample by sample
         self._last_loader = None        # weakref to the loader iterated last (adopt)
@@ -69,12 +70,24 @@ class Loader:
         def __iter__(loader):
             if edge.inside:
                 return original(loader)
-            return part._timed_batches(loader, original)
+            batches = part._timed_batches(loader, original)
+            if part._evaluates(loader):
+                return part.between.timed_evaluation(batches)
+            return batches
         return __iter__
+
+    def _evaluates(self, loader) -> bool:
+        """A pass over a loader other than the training one, between steps of a loop that
+        has trained: an evaluation (before the first backward, any loader may turn out to
+        be the training one: adopt)."""
+        training = self.training() if self.training is not None else None
+        tally = self.edge.tally
+        return tally.trained and tally.at_boundary and training is not None \
+            and training is not loader
 
     def _timed_batches(self, loader, original):
         self._new_epoch(loader)
-        edge, copies, measure = self.edge, self.copies, self.measure
+        edge, copies, measure, between = self.edge, self.copies, self.measure, self.between
         tally = edge.tally
         training = self.training() is loader
         with workers_collect_none_of_ours():   # iter() forks the workers
@@ -99,6 +112,8 @@ class Loader:
                 wait = clock() - start
                 if not fetched:   # a worker's start: left out of the per-batch figure
                     first_s = clock() - epoch_start
+                    if training:   # the step starts with the pass, its iterator's start a gap
+                        between.epoch_started(epoch_start, first_s)
                 waited += wait
                 edge.waited_s += wait
                 interval = edge.interval
@@ -106,6 +121,8 @@ class Loader:
                     interval.data_wait_s += wait
             fetched += 1
             if training:   # the samples of a step are its training batches' (a GAN's once)
+                if tally.at_boundary:
+                    between.step_starts(start)
                 tally.batch(_batch_samples(batch))
                 if edge.marks_steps:   # CUDA: the step's work starts with its batch
                     interval.step_starts()

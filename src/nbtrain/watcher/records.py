@@ -2,14 +2,19 @@
 the CPU, where a read is no sync, read at once), a record every `log_every` steps (with
 the default, at least RECORD_EVERY_S and at most RECORDS_MERGED x log_every steps apart
 from step READS_COUNTED_FOR on), and the loop's host reads (`.item()`, `.tolist()`,
-`.cpu()`, `.numpy()` of the step's tensors) counted over the first READS_COUNTED_FOR
-steps for the diagnosis, then that rate standing."""
+`float()`, `int()`, `bool()`, `print` of the step's tensors, `.cpu()`, `.numpy()`)
+counted over the first READS_COUNTED_FOR steps, each at the line of the user's code that
+made it, for the diagnosis and `run.host_reads()`, then that rate standing."""
 from __future__ import annotations
 
+import linecache
 import math
+import os
+import re
+import sys
 import time
 import weakref
-from collections import deque
+from collections import Counter, deque
 
 import torch
 
@@ -17,8 +22,16 @@ from ..train.emit import flush_interval, log_interval
 from .settings import RECORDS_MERGED
 
 _item = torch._C.TensorBase.item   # torch's own, under the watch's counting wrapper
-READS = ("item", "tolist")   # the host reads counted when the tensor has a graph, too
+# the host reads counted when the tensor has a graph, too (a CPU loss's loss.item()); the
+# first five take no arguments, and the optimizers call item() on their CPU step counts
+READS = ("item", "tolist", "__float__", "__int__", "__bool__")
+SHOWN = ("__repr__", "__format__")   # print(loss), f"{loss}": torch's printing code reads
+COPIES = ("cpu", "numpy")            # counted for a tensor on a device only
 READS_COUNTED_FOR = 30   # steps; then the rate counted stands (_stop_counting_reads)
+# the packages whose frames are not the user's code, as their modules' files name them: a
+# read is the line of the first frame outside them (print(loss) reads in torch's printing)
+NOT_YOURS = tuple(os.path.dirname(path) + os.sep for path in
+                  (torch.__file__, os.path.dirname(os.path.dirname(__file__))))
 
 
 class Records:
@@ -28,9 +41,9 @@ class Records:
 
     def __init__(self, edge, loader, record_floor_s: float):
         self.edge, self.loader = edge, loader
-        self._host_reads = 0
+        self._host_reads = Counter()    # (file, line) -> the loop's host reads there, this interval
         self._read_patches = []         # undo the host-read counters (after READS_COUNTED_FOR)
-        self._reads_counted = []        # (host reads, steps) of each interval so far
+        self._reads_counted = []        # (host reads by line, steps) of each interval so far
         self._reads_per_step = 0.0      # the rate they counted
         self._losses = deque(maxlen=8)  # weak references to recent losses (kept graphs)
         self._keeps_losses = False      # the loop keeps them (seen over READS_COUNTED_FOR steps)
@@ -43,8 +56,8 @@ class Records:
 
     def install(self) -> None:
         patch = self.edge.patches.patch
-        self._read_patches = [patch(torch.Tensor, name, self._counting(name in READS))
-                              for name in (*READS, "cpu", "numpy")]
+        self._read_patches = [patch(torch.Tensor, name, self._counting(name))
+                              for name in (*READS, *SHOWN, *COPIES)]
         patch(torch.amp.GradScaler, "scale", self._noting_scale)
 
     # -- the loss -----------------------------------------------------------------------------
@@ -111,8 +124,9 @@ class Records:
         edge = self.edge
         interval, run = edge.interval, edge.run
         if self._read_patches:
-            reads = self._host_reads
-            self._reads_counted.append((reads, interval.steps))
+            reads = sum(self._host_reads.values())
+            self._reads_counted.append((self._host_reads, interval.steps))
+            self._host_reads = Counter()
             # a loss still alive after its step: the loop keeps it, and with it its graph
             self._keeps_losses = any((t := ref()) is not None and t.requires_grad
                                      for ref in list(self._losses)[:-1])
@@ -124,35 +138,48 @@ class Records:
         if self.loader.collates_tensors:   # every sample of the training loader's batches
             interval.count("collated_samples", interval.samples)
         interval.count("kept_losses", interval.steps * self._keeps_losses)
-        self._host_reads = 0
         with edge.own:   # the record's reads of the losses are not the loop's
             log_interval(run, interval, _lr(run.optimizer))
             if flush:
                 flush_interval(run, interval)
 
     def flush(self) -> None:
+        """The last record; a loop shorter than READS_COUNTED_FOR steps: its table of host
+        reads, from the steps it made."""
+        if self._read_patches:
+            self._stop_counting_reads()
         flush_interval(self.edge.run, self.edge.interval)
 
     # -- host reads ---------------------------------------------------------------------------
-    def _counting(self, grad_counts: bool):
-        """A wrapper that counts a host read of a tensor on a device, or (item, tolist) of
+    def _counting(self, name: str):
+        """A wrapper that counts a host read of a tensor on a device, or (READS, SHOWN) of
         one computed with gradients: the loop's loss.item(), not a CPU index's."""
         part, edge = self, self.edge
 
         def wrap(original):
-            if grad_counts:   # item(), tolist(): no arguments; the optimizers call item()
-                def read(tensor):   # on their CPU step counts, so this runs often
+            if name in READS:   # no arguments: the optimizers' item() runs often
+                def read(tensor):
                     if (tensor.requires_grad or not tensor.is_cpu) and not edge.inside:
-                        part._host_reads += 1
+                        return part._read_at_your_line(original, tensor)
                     return original(tensor)
                 return read
+            grad_counts = name in SHOWN
 
             def read_to(tensor, *args, **kwargs):
-                if not tensor.is_cpu and not edge.inside:
-                    part._host_reads += 1
+                if (grad_counts and tensor.requires_grad or not tensor.is_cpu) \
+                        and not edge.inside:
+                    return part._read_at_your_line(original, tensor, *args, **kwargs)
                 return original(tensor, *args, **kwargs)
             return read_to
         return wrap
+
+    def _read_at_your_line(self, original, tensor, *args, **kwargs):
+        """One host read of the loop's, counted at the line of the user's code that made it;
+        what the read itself reads (print's tolist(), its .cpu() of a GPU tensor) is part of
+        it, not counted again."""
+        self._host_reads[_your_line(sys._getframe(2))] += 1
+        with self.edge.own:
+            return original(tensor, *args, **kwargs)
 
     def _stop_counting_reads(self) -> None:
         """Host reads counted over the first READS_COUNTED_FOR steps: a loop reads in the
@@ -162,11 +189,46 @@ class Records:
         # from the second interval on: a read after a step falls in the interval after it,
         # so the first interval is one read short
         intervals = self._reads_counted[1:] or self._reads_counted
-        self._reads_per_step = sum(r for r, _ in intervals) / max(sum(n for _, n in intervals), 1)
+        lines, steps = Counter(), sum(n for _, n in intervals)
+        for counted, _ in intervals:
+            lines.update(counted)
+        self._reads_per_step = sum(lines.values()) / max(steps, 1)
         for undo in self._read_patches:
             undo()
         self._read_patches = []
         self._losses.clear()
+        self._emit_host_reads(lines, steps)
+
+    def _emit_host_reads(self, lines: Counter, steps: int) -> None:
+        """The table of run.host_reads(), as a record the run store keeps (nt.load_run):
+        a row per line, the most reads a step first (JSON's types, so that a loaded
+        history equals the live one)."""
+        rows = [{"where": _where(file, line), "code": linecache.getline(file, line).strip(),
+                 "per_step": reads / max(steps, 1)}
+                for (file, line), reads in lines.most_common()]
+        self.edge.run.emit({"kind": "host_reads", "step": self.edge.run.step, "steps": steps,
+                            "per_step": self._reads_per_step, "rows": rows})
+
+
+def _your_line(frame) -> tuple:
+    """(file, line) of the first frame outside torch and nbtrain (NOT_YOURS): the line of
+    the user's code that read; a read with no such frame is ("", 0)."""
+    while frame is not None and frame.f_code.co_filename.startswith(NOT_YOURS):
+        frame = frame.f_back
+    return ("", 0) if frame is None else (frame.f_code.co_filename, frame.f_lineno)
+
+
+def _where(file: str, line: int) -> str:
+    """"file:line", or for a notebook's cell "cell 3, line 5", as IPython's tracebacks name
+    it (its In[3]); IPython is asked only where it is loaded already."""
+    if not file:
+        return "(no frame of yours)"
+    shell = sys.modules["IPython"].get_ipython() if "IPython" in sys.modules else None
+    cell = getattr(getattr(shell, "compile", None), "_filename_map", {}).get(file)
+    if cell is None:   # the name IPython gives a cell without a kernel: <ipython-input-3-...>
+        numbered = re.match(r"<ipython-input-(\d+)-", file)
+        cell = numbered and int(numbered.group(1))
+    return f"cell {cell}, line {line}" if cell is not None else f"{file}:{line}"
 
 
 def _lr(optimizer) -> float:

@@ -42,8 +42,9 @@ class Steps:
     hand. At a step's end it asks the records part for a record due and the measuring part
     to look; around an fp16 step, the scaling part unscales (fp16.py)."""
 
-    def __init__(self, edge, scaling, records, measure, first_sign):
+    def __init__(self, edge, scaling, records, measure, between, first_sign):
         self.edge, self.scaling, self.records, self.measure = edge, scaling, records, measure
+        self.between = between          # between.py: a step's end starts the gap after it
         self._first_sign = first_sign   # core: the loop's first sign of training (its device)
         self.hand = None                # HandSteps: while no optimizer has stepped
         self.micro_last = 1             # backward() calls of the last step
@@ -161,6 +162,7 @@ class Steps:
         else:   # no batch, no forward seen: the data the loop holds, the last step's
             interval.add_samples(self._samples_last)
         batches, backwards = tally.close()
+        self.between.step_ended()
         run.advance(batches or backwards or 1)
         interval.end_step()
         self.micro_last = backwards
