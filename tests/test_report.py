@@ -35,6 +35,9 @@ def test_run_report_holds_charts_points_summary_and_why_auto_chose(blobs, tmp_pa
         assert f"<td>{html.escape(name)}</td><td>{html.escape(str(value))}</td>" \
                f"<td class=why>{html.escape(why)}</td>" in text
     assert "<td>warmup_steps</td>" in text   # every config field
+    evaluation = next(r for r in run.gaps() if r["part"] == "evaluation")   # validation
+    assert f"<td>evaluation</td><td>{evaluation['seconds']:.3f} s</td>" in text
+    assert html.escape(run.host_reads().note) in text   # fit's: why it has no table
 
 
 def test_comparison_report_holds_each_configs_curves_and_settings(blobs, tmp_path):

@@ -48,7 +48,24 @@ def _run_section(label: str, run) -> str:
                       ("setting", "used", 'why ("auto" resolved it so, or it was asked for)'))
     config = _table(sorted(run.config.to_dict().items()), ("field", "value"))
     return (f"<h2>{html.escape(label)}</h2><pre>{html.escape(run.summary_text())}</pre>"
+            f"{_where_the_time_goes(run)}"
             f"<h3>settings used</h3>{resolved}<h3>configuration</h3>{config}")
+
+
+def _where_the_time_goes(run) -> str:
+    """run.gaps() and run.host_reads() as tables (a Run from elsewhere may have neither)."""
+    parts = []
+    if hasattr(run, "gaps"):
+        rows = [(r["part"], f"{r['seconds']:.3f} s", f"{r['share']:.1%}") for r in run.gaps()]
+        parts.append("<h3>where the wall time went (run.gaps())</h3>"
+                     + _table(rows, ("part", "seconds", "share")))
+    if hasattr(run, "host_reads"):
+        reads = run.host_reads()
+        rows = [(r.where, f"{r.per_step:.3g}", r.code) for r in reads]
+        parts.append("<h3>lines that read the host (run.host_reads())</h3>"
+                     + (_table(rows, ("where", "per step", "code")) if rows else "")
+                     + f"<p class=why>{html.escape(reads.note)}</p>")
+    return "".join(parts)
 
 
 def _table(rows: List[tuple], head: tuple) -> str:
