@@ -314,8 +314,8 @@ def test_two_processes_writing_one_store_keep_every_record(db):
     assert sorted(table.ids) == sorted(kept)
     for row in table:
         assert row["state"] == "finished" and row["steps"] == 150
-        # a record a step, and the run's gaps at its end
-        assert len(nt.load_run(row["id"], store=db).history) == kept[row["id"]] == 150 + 1
+        # a record a step, the run's gaps at its end, and its modules window (steps 21-23)
+        assert len(nt.load_run(row["id"], store=db).history) == kept[row["id"]] == 150 + 2
 
 
 # -- bad files never stop training -------------------------------------------------------------------

@@ -376,6 +376,30 @@ class Run:
         wall = self.wall_s + (time.perf_counter() - self._started_at if running else 0.0)
         return self.between.table(wall)
 
+    def modules(self):
+        """Each leaf module's time a step over a sampled window of a few steps (then its
+        hooks removed): rows of `name` (as named_modules()), `forward_s`, `backward_s`,
+        `share` of the step's module time and `calls`, the largest share first; `note`
+        says over which steps, or why none (telemetry/modules.py: what it measures).
+
+        >>> run.modules()[0].name
+        'blocks.3.attn.proj'
+        """
+        from .telemetry.modules import module_table, why_none
+        return module_table(self._modules_record(), why_none(self))
+
+    def peak(self):
+        """The step's memory peak (the end of the forward) from the same window: `bytes`,
+        and `parts` of `part`, `kind` and `bytes`, largest first: each leaf's activations
+        saved for backward, "parameters", "gradients", "optimizer state", "other"."""
+        from .telemetry.modules import peak_of, why_none
+        return peak_of(self._modules_record(), why_none(self))
+
+    def _modules_record(self) -> Optional[dict]:
+        """The last window's record that measured, else the last one's reason."""
+        kept = self.records("modules")
+        return next((r for r in reversed(kept) if r["rows"]), kept[-1] if kept else None)
+
     def state_dict(self) -> dict:
         """Everything needed to resume exactly (model, optimizer, schedule, position, RNG,
         history): see `nbtrain.checkpoint`. `run.save(path)` writes it to a file."""
@@ -528,6 +552,9 @@ def summarize(run) -> dict:
         if "val_acc" in val[-1]:
             out["val_acc"] = val[-1]["val_acc"]
     out["gaps"] = {row["part"]: row["seconds"] for row in run.gaps()}
+    if run.records("modules"):
+        from .telemetry.modules import summary_entries
+        out.update(summary_entries(run._modules_record()))
     return out
 
 

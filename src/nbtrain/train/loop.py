@@ -19,6 +19,7 @@ from ..data.batches import length_of
 from ..data.nested import batch_len
 from ..data.prefetch import closed_at_end, mark_waits
 from ..run import Run
+from ..telemetry.modules import FitWindow
 from ..telemetry.timers import Interval
 from .emit import flush_interval, log_interval
 from .failure import failure
@@ -65,7 +66,8 @@ def _train(run: Run, setup: Setup) -> None:
     mark_waits(setup.batches, interval)   # a prefetcher's wait for its copy is copy time
     if setup.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(setup.device)   # peak of this run, not the kernel's
-    with _last_record_on_error(run, setup, interval):
+    # modules: one window of steps timed module by module (run.modules(), run.peak())
+    with _last_record_on_error(run, setup, interval), FitWindow(run) as modules:
         run.model.train()
         run.enter("load")
         # A run that fails or is interrupted mid-step resumes from the last step boundary:
@@ -92,8 +94,10 @@ def _train(run: Run, setup: Setup) -> None:
                     # --- the step: set the LR, forward, backward, update; then past it
                     run.enter("step")
                     setup.position.window = window
+                    modules.before(run.step)
                     lr = _step(run, setup, window, interval)
                     _advance(run, setup, interval)
+                    modules.after(run.step)
                     # --- log: the previous interval's one host read happens in interval.close
                     if interval.steps == cfg.log_every:
                         log_interval(run, interval, lr)

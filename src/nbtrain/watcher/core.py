@@ -10,9 +10,9 @@ objects, so the model, its optimizer and their copies pickle as they would unwat
 What it changes (optimize=True only, as settings.py's Plan allows): autocast.py
 (autocast, channels_last), fp16.py (fp16's loss scaling), loader.py (batched fetch,
 workers), copies.py (copies one batch ahead), steps.py (the fused optimizer kernel). What
-it measures, within the measuring budget: measure.py. This module keeps the wiring, the
-backward, the model found and the end: `Watcher.remove` undoes every hook and patch on
-every way out; `finish` ends the Run.
+it measures, within the measuring budget: measure.py, and modules.py's window over the
+model's leaf modules. This module keeps the wiring, the backward, the model found and the
+end: `Watcher.remove` undoes every hook and patch on every way out; `finish` ends the Run.
 """
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ from .forward import Forward
 from .fp16 import loss_scaling
 from .loader import Loader
 from .measure import Measure
+from .modules import Modules
 from .records import Records
 from .settings import AS_WRITTEN, Plan
 from .steps import Steps
@@ -54,7 +55,9 @@ class Watcher:
         self.autocast = Autocast(edge)
         self.scaling = loss_scaling(edge, self.autocast)
         self.forward = None   # Forward, below: the measuring part calls back into it
-        self.measure = Measure(edge, self.autocast, done=lambda: self.forward.drop_hooks_if_unneeded())
+        self.modules = Modules(edge)
+        self.measure = Measure(edge, self.autocast, self.modules,
+                               done=lambda: self.forward.drop_hooks_if_unneeded())
         self.copies = Copies(edge)
         self.between = Between(edge)
         self.ranks = None if ranks is None else _data_parallel(
@@ -261,6 +264,7 @@ class Watcher:
         interval = edge.interval
         self.copies.finish(has_loader=self.loader.training is not None)
         self.measure.say_what_was_not_measured()
+        self.modules.finish(exc)
         if interval is not None:
             with contextlib.suppress(Exception):   # the user's error is the one to report
                 if exc is None and self.steps.hand is not None and edge.tally.backwards:

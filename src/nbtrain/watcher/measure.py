@@ -11,7 +11,9 @@ of the time run so far, as nt.fit does. The parts, in order:
    decides over a few runs).
 2. The FLOPs of one of the loop's steps, counted as it runs (a dispatch mode that runs
    every op as it is and adds up torch's FLOP formulas: the loop's numbers unchanged).
-3. The device's peak, where it is not known already (a GEMM probe, cached on disk).
+3. The time of each leaf module, and what makes the memory peak: a window of a few steps
+   (the modules part, modules.py), then its hooks removed.
+4. The device's peak, where it is not known already (a GEMM probe, cached on disk).
 
 Nothing here draws from the loop's RNG. `run.resolved["measuring_s"]` says what it cost.
 """
@@ -51,8 +53,8 @@ class Measure:
     `done` is called once nothing is left to measure (the watch may then drop its forward
     hooks)."""
 
-    def __init__(self, edge, autocast, done):
-        self.edge, self.autocast, self._done = edge, autocast, done
+    def __init__(self, edge, autocast, modules, done):
+        self.edge, self.autocast, self.modules, self._done = edge, autocast, modules, done
         self.pending = False       # a part is pending or running: step ends look (fast flag)
         self.measured_s = 0.0      # what the measuring cost the loop so far
         self.count = None          # "due": the next step is counted; a FlopCount while it runs
@@ -70,6 +72,8 @@ class Measure:
         if bf16_trial:
             self._plan_trial(key)
         self._compiled = type(model).__name__ == "OptimizedModule"
+        if self.modules.plan(self._compiled):
+            self.pending = True
         if not self.edge.run.config.count_flops:
             return
         if self._compiled:
@@ -114,10 +118,12 @@ class Measure:
                 self._end_flop_count(now)
         elif self._trial is not None and self._trial.running:
             self._trial_step(now)
+        elif self.modules.running:
+            self._spent(self.modules.step_done(now))
         else:
             self._start_what_is_affordable(now)
         self.pending = self._trial is not None or self.count is not None or \
-            self._peak_due or self._flops_wanted()
+            self._peak_due or self._flops_wanted() or self.modules.due or self.modules.running
         if not self.pending:
             self._say_what_measuring_cost()
             self._done()
@@ -139,6 +145,10 @@ class Measure:
         if self._flops_wanted():
             if self._affordable(COUNT_COST * step_s, now):
                 self.count = "due"
+            return
+        if self.modules.due:   # one window at a time: nothing else measured within it
+            if self._affordable(self.modules.cost_s(step_s), now):
+                self.modules.open(now, step_s)
             return
         if self._peak_due:
             from ..auto import flops   # each use loads it: a watch measuring nothing never does
