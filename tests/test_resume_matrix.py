@@ -180,6 +180,7 @@ ANY_VALUE = st.one_of(
 DRAWN = [n for n in FIELD_NAMES if n not in ("compile", "num_workers", "persistent_workers",
                                              "prefetch_factor", "multiprocessing_context",
                                              "checkpoint_dir", "checkpoint_every",
+                                             "store", "report_dir",   # files in the cwd
                                              "max_steps", "epochs")]
 
 
