@@ -266,3 +266,19 @@ def test_a_fit_that_fails_inside_its_window_removes_the_hooks_and_says_so():
     note = raised.value.run.modules().note
     assert note == (f"not measured: ZeroDivisionError in step {FIT_AT_STEP + 1}, inside the "
                     "window: its 0 step(s) discarded")
+
+
+def test_the_dashboards_table_names_the_slowest_layer_and_the_peaks_largest_part():
+    from nbtrain.views import dashboard
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+    x, y = torch.randn(512, 64), torch.randint(0, 10, (512,))
+    cfg = nt.TrainConfig(max_steps=100, batch_size=16, count_flops=False, store=False)
+    run = nt.fit(model, (x, y), F.cross_entropy, config=cfg, progress=False)
+    rows, top = run.modules(), run.peak().parts[0]
+    text = dashboard._where_text(run)
+    assert text.startswith(f"layer {rows[0].name} {rows[0].share:.0%}")
+    assert f"{top.bytes / 2**20:.1f} MiB" in text
+    short = nt.fit(model, (x, y), F.cross_entropy, progress=False,
+                   config=cfg.replace(max_steps=10))
+    assert dashboard._where_text(short) == "-"   # no window: nothing to name

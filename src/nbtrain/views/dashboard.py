@@ -438,17 +438,32 @@ def _table_row(slot: Slot) -> List[str]:
             formatted(slot.samples_per_s, ",.0f"), formatted(last.get("mfu"), ".1%"),   # flops.py
             peak, formatted(last.get("loss"), ".4g"),
             formatted(val.get("val_loss"), ".4g"), formatted(val.get("val_acc"), ".1%"),
-            html.escape(_between_text(run))]
+            html.escape(_between_text(run)), html.escape(_where_text(run))]
 
 
 TABLE_HEAD = ("run", "settings", "state", "steps", "samples/s", "MFU", "peak memory MB",
-              "final loss", "val loss", "val acc", "between steps")
+              "final loss", "val loss", "val acc", "between steps", "slowest layer, peak")
 
 
 def _between_text(run) -> str:
     """run.gaps() in a cell ("-" for a Run from elsewhere, which may have none)."""
     gaps = getattr(run, "gaps", None)
     return between_words(gaps()) if gaps else "-"
+
+
+def _where_text(run) -> str:
+    """The slowest layer and the peak's largest part, once a window measured them
+    (run.modules(), run.peak()); "-" before, or for a Run from elsewhere."""
+    if not hasattr(run, "modules"):
+        return "-"
+    rows, peak = run.modules(), run.peak()
+    if not rows:
+        return "-"
+    top = peak.parts[0] if peak.parts else None
+    held = f"; peak {top.part}'s {top.kind} {top.bytes / 2**20:.1f} MiB" \
+        if top is not None and top.kind == "activations" else \
+        (f"; peak {top.kind} {top.bytes / 2**20:.1f} MiB" if top is not None else "")
+    return f"layer {rows[0].name or '(the model)'} {rows[0].share:.0%} of the modules' time{held}"
 
 
 def _table_html(slots: List[Slot]) -> str:
