@@ -11,15 +11,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import nbtrain as nt
 
+from conftest import Clock
+
 STEP_S, OWN_S, EVAL_S, SAVE_S = 0.001, 0.003, 0.010, 0.020
-
-
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Timed(nn.Module):

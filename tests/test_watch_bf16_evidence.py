@@ -15,17 +15,9 @@ from nbtrain import machine
 from nbtrain.auto import budget
 from nbtrain.auto import precision as ladder
 
+from conftest import Clock
+
 STEPS = 50   # a run: 50 ms of 1 ms fp32 steps, 5% of it 2.5 ms
-
-
-class Clock:
-    """time.perf_counter for the whole watch: moved only by the model's forward."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Timed(nn.Module):
