@@ -22,6 +22,8 @@
 #   own_loop       bench/own_loop.py --device cuda: nt.watch on the tutorial loop
 #                  (its batches copied ahead from pinned memory, bf16), fp16
 #                  with the watch's GradScaler too                               90 s
+#   where_time_goes bench/gpu_where.py: run.modules() by CUDA events, run.peak() from the
+#                  allocator, run.gaps(), run.host_reads() on planted causes            30 s
 #   demo           `nbtrain demo` on the GPU: its rows add batched fetch, workers,
 #                  pinned copies, prefetch, data on the GPU, bf16, the fused
 #                  optimizer one at a time, each measured                        100 s
@@ -65,6 +67,7 @@ stage sanitizer 60 env TORCH_CUDA_SANITIZER=1 python3 -X faulthandler -m pytest 
 stage data_paths 150 python3 bench/gpu.py
 stage precision_mfu 150 python3 bench/gpu_mfu.py
 stage own_loop 90 python3 bench/own_loop.py --device cuda --repeats 3 --epochs 3   # ~70 steps a call
+stage where_time_goes 60 bash -c 'cd bench && PYTHONPATH=../src python3 gpu_where.py'
 left=$((585 - SECONDS))   # the one call's 600 s, less the summary's
 if [ "$left" -gt 10 ]; then   # never 0: `timeout 0` sets no limit at all
   stage demo $((left < 100 ? left : 100)) python3 -m nbtrain demo
