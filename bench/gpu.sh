@@ -23,7 +23,7 @@
 #                  (its batches copied ahead from pinned memory, bf16), fp16
 #                  with the watch's GradScaler too                               90 s
 #   where_time_goes bench/gpu_where.py: run.modules() by CUDA events, run.peak() from the
-#                  allocator, run.gaps(), run.host_reads() on planted causes            30 s
+#                  allocator, run.gaps(), run.host_reads() on planted causes  (unrun) 60 s
 #   demo           `nbtrain demo` on the GPU: its rows add batched fetch, workers,
 #                  pinned copies, prefetch, data on the GPU, bf16, the fused
 #                  optimizer one at a time, each measured                        100 s

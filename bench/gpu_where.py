@@ -1,6 +1,6 @@
-"""Where the time goes, on a GPU (run by bench/gpu.sh, about 30 s): the CUDA paths of
-run.modules() (CUDA events read once at the window's end), run.peak() (the allocator at
-the forward's end), run.gaps() and run.host_reads(), on a watched loop with planted causes:
+"""Where the time goes, on a GPU (a stage of bench/gpu.sh): the CUDA paths of run.modules()
+(CUDA events read once at the window's end), run.peak() (the allocator at the forward's
+end), run.gaps() and run.host_reads(), on a watched loop with planted causes:
 
 - a layer that takes most of the step (a 2048 x 2048 matmul);
 - a layer that holds a 64 MiB activation for its backward;

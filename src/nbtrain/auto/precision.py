@@ -106,8 +106,8 @@ def decide(fp32_s, bf16_s, default: str) -> Verdict:
 
 def noise_words(fp32_s, bf16_s) -> str:
     """Undecided blocks in words: each precision's range of step times, not the medians'
-    ratio. Undecided, that ratio is noise whatever its size (7.92x at load 4.7 on 2
-    cores), and a ratio reads like a result."""
+    ratio. Undecided, that ratio is noise whatever its size (docs/guide/measured.md, the
+    demo on a busy machine), and a ratio reads like a result."""
     return (f"no difference beyond the noise: fp32 steps took {_ms_range(fp32_s)}, bf16 steps "
             f"{_ms_range(bf16_s)}")
 
