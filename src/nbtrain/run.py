@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 from .auto.compiling import warmup_split
 from .auto.rates import percent, rate_fields
 from .config import TrainConfig
-from .tables import plain
+from .tables import Table, plain
 from .telemetry.gaps import PARTS, Gaps, between_words
 
 STATES = ("created", "running", "finished", "stopped", "interrupted", "failed")
@@ -35,27 +35,16 @@ class HostRead(NamedTuple):
     per_step: float   # its reads a step, over the steps counted
 
 
-class HostReads(list):
+class HostReads(Table):
     """`run.host_reads()`: HostRead rows, the most reads a step first; `note` says over
     which steps they were counted, or in words why there are none."""
 
     def __init__(self, rows: List[HostRead], note: str):
-        super().__init__(rows)
-        self.note = note
+        super().__init__(rows, note, HostRead._fields, left=("where", "code"))
 
     @property
     def worst(self) -> Optional[HostRead]:
         return self[0] if self else None
-
-    def __repr__(self) -> str:
-        if not self:
-            return self.note
-        where = max(len("where"), *(len(row.where) for row in self))
-        code = max(len("code"), *(len(row.code) for row in self))
-        lines = [f"{'where':<{where}}  {'code':<{code}}  per_step"]
-        lines += [f"{row.where:<{where}}  {row.code:<{code}}  {row.per_step:>8.3g}"
-                  for row in self]
-        return "\n".join(lines + [self.note])
 
     def _repr_html_(self) -> str:
         import html

@@ -51,3 +51,32 @@ def html_table(columns, rows: List[dict]) -> str:
     body = "".join("<tr>" + "".join(f"<td>{html.escape(cell(row.get(key)))}</td>"
                                     for _, key in columns) + "</tr>" for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+class Table(list):
+    """Rows (NamedTuples) with a `note`: over which steps they were measured, or in words
+    why there are none (never an empty table that reads like "nothing"). Its repr is the
+    columns, right-aligned but for those named in `left`, then the note (run.modules(),
+    run.peak()'s parts, run.host_reads())."""
+
+    def __init__(self, rows: list, note: str, columns=(), left=()):
+        super().__init__(rows)
+        self.note, self._columns, self._left = note, columns, left
+
+    def __repr__(self) -> str:
+        if not self:
+            return self.note
+        cells = [[_cell(getattr(row, c)) for c in self._columns] for row in self]
+        widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(self._columns)]
+        aligns = ["<" if c in self._left else ">" for c in self._columns]
+        lines = ["  ".join(f"{c:{a}{w}}" for c, a, w in zip(self._columns, aligns, widths))]
+        lines += ["  ".join(f"{v:{a}{w}}" for v, a, w in zip(r, aligns, widths)) for r in cells]
+        return "\n".join(lines + [self.note])
+
+
+def _cell(value) -> str:
+    """Floats to 3 significant digits; an empty name (a model without submodules) as ''."""
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return repr(value) if value == "" else str(value)
+

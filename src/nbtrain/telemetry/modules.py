@@ -40,6 +40,8 @@ from typing import List, NamedTuple, Optional
 import torch
 from torch.nn.modules import module as nn_module
 
+from ..tables import Table
+
 WINDOW_STEPS = 3      # steps a window times: a few, once
 FIT_AT_STEP = 20      # nt.fit's window: after the first steps' warm-up ...
 FIT_MIN_STEPS = 100   # ... in a run long enough that 3 slower steps are a small share of it
@@ -57,23 +59,6 @@ class ModuleTime(NamedTuple):
     calls: float        # its forward calls a step
 
 
-class Table(list):
-    """Rows with a `note` (over which steps, or why there are none) and a plain repr."""
-
-    def __init__(self, rows: list, note: str, columns=()):
-        super().__init__(rows)
-        self.note, self._columns = note, columns
-
-    def __repr__(self) -> str:
-        if not self:
-            return self.note
-        cells = [[_cell(getattr(row, c)) for c in self._columns] for row in self]
-        widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(self._columns)]
-        lines = ["  ".join(f"{c:>{w}}" for c, w in zip(self._columns, widths))]
-        lines += ["  ".join(f"{v:>{w}}" for v, w in zip(r, widths)) for r in cells]
-        return "\n".join(lines + [self.note])
-
-
 class PeakPart(NamedTuple):
     part: str    # a leaf module's name (its activations saved for backward), or a kind
     kind: str    # "activations", "parameters", "gradients", "optimizer state", "other"
@@ -87,12 +72,6 @@ class Peak(NamedTuple):
 
     def __repr__(self) -> str:
         return f"peak {_mb(self.bytes)}\n{self.parts!r}"
-
-
-def _cell(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.3g}"
-    return repr(value) if value == "" else str(value)
 
 
 def _mb(n: int) -> str:
