@@ -263,8 +263,7 @@ class Watcher:
         edge, run = self.edge, self.run
         interval = edge.interval
         self.copies.finish(has_loader=self.loader.training is not None)
-        self.measure.say_what_was_not_measured()
-        self.modules.finish(exc)
+        self.measure.say_what_was_not_measured(exc)
         if interval is not None:
             with contextlib.suppress(Exception):   # the user's error is the one to report
                 if exc is None and self.steps.hand is not None and edge.tally.backwards:

@@ -170,7 +170,8 @@ class Loader:
         run = self.edge.run
         cfg = run.config
         if not self.edge.plan.may("num_workers") or self.training() is not loader \
-                or _batchable(loader) or isinstance(loader.dataset, IterableDataset) or loader.batch_sampler is None:
+                or _batchable(loader) or isinstance(loader.dataset, IterableDataset) \
+                or loader.batch_sampler is None:
             return 0
         if cfg.num_workers != "auto":
             run.resolved["num_workers"] = (cfg.num_workers, "asked for: your loader's batches "
@@ -275,7 +276,8 @@ class Loader:
             return
         self.training = weakref.ref(last)
         self._describe(last)
-        self.edge.tally.other_loader(self._other_samples)   # the first loader's batches were no step's
+        # the first loader's batches were no step's
+        self.edge.tally.other_loader(self._other_samples)
 
     def _describe(self, loader) -> None:
         self._epoch_wait = self._per_batch_s = self._worker_trial = None   # another loader's

@@ -272,11 +272,11 @@ class Measure:
             self._spent(self._trial.take_extra_s())
             self.autocast.run_in("off")
 
-    def say_what_was_not_measured(self) -> None:
+    def say_what_was_not_measured(self, exc) -> None:
+        """The watch ends (`exc`, what ended it): each part not measured says why."""
         edge = self.edge
         ran = time.perf_counter() - edge.started
-        why = (f"your loop ended after {ran:.2f} s, before measuring cost at most "
-               f"{budget.words()} of it")
+        why = _ended_before(ran, "measuring")
         resolved = edge.run.resolved
         if self._trial is not None:
             self.autocast.settle("off", self._keep_trial(ran, why))
@@ -286,6 +286,7 @@ class Measure:
             resolved["flops_per_step"] = (None, f"not counted: {why}")
         if self._peak_due and "peak_tflops" not in resolved:
             resolved["peak_tflops"] = (None, f"not measured: {why}")
+        self.modules.finish(exc, _ended_before(ran, "timing its modules"))
         self._say_what_measuring_cost()
 
     def _keep_trial(self, ran: float, why: str) -> str:
@@ -305,6 +306,11 @@ class Measure:
             f"the watch's measuring took {self.measured_s * 1e3:.1f} ms, "
             f"{self.measured_s / ran:.1%} of the {ran:.2f} s watched; each part started only "
             f"where it would cost at most {budget.words()} of the time run so far"))
+
+
+def _ended_before(ran: float, what: str) -> str:
+    """Why a measurement did not run: the loop ended before it was affordable."""
+    return f"your loop ended after {ran:.2f} s, before {what} cost at most {budget.words()} of it"
 
 
 _COUNTED: dict = {}   # (architecture, device) -> (FLOPs of a step, conv share): this process

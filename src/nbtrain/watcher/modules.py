@@ -4,10 +4,6 @@ the loop's steps timed module by module, once the measuring part finds it afford
 loaded only when a window opens: a watch that never opens one pays nothing for it."""
 from __future__ import annotations
 
-import time
-
-from ..auto import budget
-
 WINDOW_COST = 2.0   # a step under the window's hooks takes up to ~this many steps (Python per leaf)
 
 
@@ -57,9 +53,10 @@ class Modules:
         self.edge.run.emit(window.record(self.edge.run.step))
         return now - self._opened_at - window.done * self._step_s
 
-    def finish(self, exc) -> None:
+    def finish(self, exc, too_short: str) -> None:
         """The watch ends (its hooks already removed): a window still open is discarded,
-        and a run without a table says why."""
+        and a run without a table says why (`too_short`: the loop ended before a window
+        was affordable)."""
         run, window = self.edge.run, self.window
         from ..telemetry.modules import not_measured
         if window is not None:
@@ -69,7 +66,4 @@ class Modules:
             run.emit(not_measured(run.step, f"{why}, inside the window: its {window.done} "
                                   "step(s) discarded"))
         elif not run.records("modules") and self.edge.model is not None:
-            ran = time.perf_counter() - self.edge.started
-            run.emit(not_measured(run.step, self._why_not or (
-                f"your loop ended after {ran:.2f} s, before timing its modules cost at most "
-                f"{budget.words()} of it")))
+            run.emit(not_measured(run.step, self._why_not or too_short))
