@@ -527,3 +527,23 @@ def test_loader_workers_never_collect_the_parents_garbage(watched):
         frozen = [int(b.min()) for b in stopping_workers(loader)]
     assert min(frozen) > before + 1000 and gc.get_freeze_count() == before
     assert [int(b.min()) for b in loader] == [before] * 2   # a loader nbtrain does not start
+
+
+def _abort_as_the_worker_exits(worker_id):
+    import multiprocessing.util   # a finalizer runs as the process ends, after its last batch
+    multiprocessing.util.Finalize(None, os._exit, args=(3,), exitpriority=0)
+
+
+def test_a_worker_dying_as_it_is_stopped_leaves_a_finished_run_finished():
+    """torch raises from its SIGCHLD handler when a worker dies while being stopped (seen
+    in CI: a spawned worker aborted on its way out); the batches were used, the run is done."""
+    x = torch.randn(64, 4)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1)),
+                                         batch_size=8, num_workers=1, prefetch_factor=2,
+                                         multiprocessing_context="fork",
+                                         worker_init_fn=_abort_as_the_worker_exits)
+    model = nn.Linear(4, 1)
+    with pytest.warns(RuntimeWarning, match=r"DataLoader worker .* exited unexpectedly.*the run is unaffected"):
+        run = nt.fit(model, loader, lambda out, y: F.mse_loss(out.squeeze(1), y),
+                     config=quick(max_steps=3), progress=False)   # stopped mid-epoch
+    assert run.state == "finished" and run.step == 3
