@@ -6,7 +6,8 @@
 - Every ```python example on the README and on the pages of docs/ runs: each block in a
   fresh namespace, in a fresh temporary folder (examples that write files write there).
   A block with `# doc: not run (reason)` in it is skipped with that reason: for what a CI
-  machine cannot do (a GPU, a Ray cluster, a long run, files it does not have). Blocks
+  machine cannot do (a GPU, a Ray cluster, a long run, files it does not have); one with
+  `# doc: needs pkg, other` skips where one of them is not installed (the frameworks). Blocks
   with IPython magics (`%load_ext`, `%%fasttrain`) are notebook cells: a page's cells run
   in order in one InteractiveShell, as a notebook runs them.
 - The README's own-loop example watches every step of the loop.
@@ -27,6 +28,7 @@ PAGES = [README] + sorted(path for path in (ROOT / "docs").rglob("*.md")
 
 FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 NOT_RUN = re.compile(r"^\s*# doc: not run \((.+)\)\s*$", re.M)
+NEEDS = re.compile(r"^\s*# doc: needs ([\w, ]+)$", re.M)   # optional packages: skipped without
 
 
 def _name(page: Path) -> str:
@@ -78,6 +80,9 @@ def test_example_runs(page, code, tmp_path, monkeypatch):
     reason = NOT_RUN.search(code)
     if reason:
         pytest.skip(f"{_name(page)}: {reason.group(1)}")
+    needs = NEEDS.search(code)
+    for package in needs.group(1).split(", ") if needs else ():
+        pytest.importorskip(package, reason=f"{_name(page)}: needs {package}")
     monkeypatch.chdir(tmp_path)
     exec(compile(code, _name(page), "exec"), {"__name__": "__doc_example__"})
 

@@ -31,8 +31,9 @@ def test_run_report_holds_charts_points_summary_and_why_auto_chose(blobs, tmp_pa
         assert json.dumps(record["loss"]) in text and json.dumps(record["samples_per_s"]) in text
     assert '"meta":"val_loss"' in text and "nbtrain-runs" in text
     assert html.escape(run.summary_text()) in text
+    from nbtrain.tables import setting   # each figure with its unit
     for name, (value, why) in run.resolved.items():
-        assert f"<td>{html.escape(name)}</td><td>{html.escape(str(value))}</td>" \
+        assert f"<td>{html.escape(name)}</td><td>{html.escape(setting(name, value))}</td>" \
                f"<td class=why>{html.escape(why)}</td>" in text
     assert "<td>warmup_steps</td>" in text   # every config field
     evaluation = next(r for r in run.gaps() if r["part"] == "evaluation")   # validation

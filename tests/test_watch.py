@@ -309,6 +309,14 @@ def test_the_diagnosis_names_a_host_read_every_step_and_kept_losses():
             opt.step()
             kept.append(loss)   # the graph of every step, kept
     assert "keeps each step's loss with its graph" in run.summary()["diagnosis"]
+    with nt.watch(optimize=False, log_every=4, **QUIET) as run:
+        last = None
+        for xb, yb in loader_of(x, y):
+            loss = F.cross_entropy(model(xb), yb)
+            loss.backward()
+            opt.step()
+            last = loss   # skorch's shape: the last step's result held until the next's
+    assert "keeps each step's loss" not in run.summary()["diagnosis"]
 
 
 def test_host_reads_are_counted_over_the_first_steps_then_torchs_methods_are_back():

@@ -107,7 +107,7 @@ def test_a_short_runs_blocks_are_kept_and_the_next_run_goes_on_from_them(clock):
 def test_the_runs_blocks_decide_once_all_are_in_and_are_then_dropped(clock, tmp_path):
     runs = [run_loop(clock)[0] for _ in range(4)]   # nothing, then a pair each run
     amp, why = runs[-1].resolved["amp"]
-    assert amp == "off" and "bf16 slower: 0.50x of fp32 speed" in why, why
+    assert amp == "off" and "bf16 0.50x of fp32 (slower)" in why, why
     assert "and 4 blocks of the 2 runs before" in why, why
     key = run_loop(clock)[2]   # the next run takes the remembered gain, measuring nothing
     assert ladder.known_bf16_gain(key)[0] == pytest.approx(0.5)
@@ -193,7 +193,7 @@ def test_a_gain_fit_measured_is_the_watchs_and_the_watchs_is_fits(clock):
         run = run_loop(clock, bf16_s=2e-3)[0]
         if "slower" in run.resolved["amp"][1]:
             break
-    assert "bf16 slower" in run.resolved["amp"][1], run.resolved["amp"]
+    assert "bf16 0.50x of fp32 (slower)" in run.resolved["amp"][1], run.resolved["amp"]
     fitted = fit_once(clock, bf16_s=2e-3)
     assert fitted.resolved["amp"] == ("off", fitted.resolved["amp"][1])
     assert "0.50x of fp32 speed" in fitted.resolved["amp"][1]

@@ -8,6 +8,9 @@ Three formats, because the tables say different things:
   counts, rates and losses: 1,234 above a thousand, 4 significant digits below.
 - `plain(value)`: a run's summary (`print(run)`), where a NaN loss must read "nan"
   (the run diverged) rather than look like a missing value.
+
+A resolved setting's figure (`setting(name, value)`) is shown with its unit, to 3
+significant digits, as every table of settings shows it.
 """
 from __future__ import annotations
 
@@ -33,6 +36,33 @@ def cell(value) -> str:
 def plain(value) -> str:
     """Floats to 4 significant digits ('nan' stays visible), anything else as str."""
     return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+# the unit of a figure in run.resolved, by setting name (a name ending in _s: seconds)
+UNITS = {"peak_tflops": "TFLOP/s", "flops_per_step": "FLOP"}
+_PREFIXED = ("FLOP",)   # shown with an SI prefix: a step's FLOPs range from k to P
+_PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def setting(name: str, value) -> str:
+    """A resolved setting's value in a table of settings: a figure with its unit (an SI
+    prefix on FLOPs) to 3 significant digits, any other float to 3 significant digits,
+    anything else (names, bools, counts, None) as str.
+
+    >>> setting("peak_tflops", 0.20199282113457864), setting("flops_per_step", 1294336)
+    ('0.202 TFLOP/s', '1.29 MFLOP')
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    unit = UNITS.get(name, "s" if name.endswith("_s") else "")
+    if not unit:
+        return _cell(value) if isinstance(value, float) else str(value)
+    prefix = ""
+    if unit in _PREFIXED:
+        value = float(f"{value:.3g}")   # rounded first: 999,700 is 1 M, not 1e+03 k
+        scale, prefix = next(((s, p) for s, p in _PREFIXES if abs(value) >= s), (1, ""))
+        value /= scale
+    return f"{value:.3g} {prefix}{unit}"
 
 
 def text_table(columns, rows: List[dict]) -> str:

@@ -17,9 +17,11 @@ def pytest_terminal_summary(terminalreporter):
     if not TIMES:
         return
     ways = ["as written", "watched", "defaults"]
+    names = list(dict.fromkeys(n for n, _ in TIMES))
+    width = max(22, *(len(n) + 1 for n in names))
     terminalreporter.write_sep("-", "corpus: seconds per program and way")
-    terminalreporter.write_line(f"{'program':<22}" + "".join(f"{w:>12}" for w in ways))
-    for name in dict.fromkeys(n for n, _ in TIMES):
-        terminalreporter.write_line(f"{name:<22}" + "".join(
+    terminalreporter.write_line(f"{'program':<{width}}" + "".join(f"{w:>12}" for w in ways))
+    for name in names:
+        terminalreporter.write_line(f"{name:<{width}}" + "".join(
             f"{TIMES[(name, w)]:>12.2f}" if (name, w) in TIMES else f"{'-':>12}" for w in ways))
-    terminalreporter.write_line(f"{'total':<22}{sum(TIMES.values()):>12.2f}")
+    terminalreporter.write_line(f"{'total':<{width}}{sum(TIMES.values()):>12.2f}")

@@ -18,10 +18,19 @@ Counts made by hand: each Program says how many steps and samples its sizes give
 arithmetic in a comment); in the as-written run the harness counts the optimizer's
 step() calls through torch's own global hook (removed at once), or, for a loop that
 updates by hand, reads the program's own counter, so the arithmetic is checked too.
+
+Frameworks (transformers' Trainer, accelerate, Lightning, fastai, skorch, timm): a program
+names the modules it imports (`requires`; the tests skip it where one is missing) and
+they are imported before its surface is taken; the models and optimizers a framework
+holds are named by a path from the program's names ("trainer.optimizers.0",
+"net.module_"); a file run two ways (its argv) is two entries (`script`); a main() that
+trains in a function it calls keeps that function's locals (`frame`).
 """
 from __future__ import annotations
 
 import copy
+import importlib
+import importlib.util
 import io
 import math
 import os
@@ -74,10 +83,20 @@ class Program:
     hand_steps: Optional[Callable[[dict], int]] = None  # a loop without an optimizer
     optimizers_per_step: int = 1    # optimizers that step on each batch (one step of the Run)
     seen: Tuple[str, ...] = ("samples", "loss")   # what the loop shows a watch (see below)
+    requires: Tuple[str, ...] = ()  # a framework's modules it imports (skipped without them)
+    script: Optional[str] = None    # its file's stem where two entries run one file (argv)
+    frame: str = "main"             # entry "main": the function whose locals are kept
 
     @property
     def path(self) -> Path:
-        return PROGRAMS / f"{self.name}.py"
+        return PROGRAMS / f"{self.script or self.name}.py"
+
+    def missing(self) -> Optional[str]:
+        """The first package of `requires` that cannot be imported, or None."""
+        for module in self.requires:
+            if importlib.util.find_spec(module.split(".")[0]) is None:
+                return module.split(".")[0]
+        return None
 
 
 @dataclass
@@ -93,13 +112,23 @@ class Result:
     inside: dict = field(default_factory=dict)   # what was made inside the watch
 
     def models(self) -> Dict[str, torch.nn.Module]:
-        return {name: self.namespace[name] for name in self.program.models}
+        return {name: lookup(self.namespace, name) for name in self.program.models}
 
     def optimizers(self) -> Dict[str, torch.optim.Optimizer]:
-        return {name: self.namespace[name] for name in self.program.optimizers}
+        return {name: lookup(self.namespace, name) for name in self.program.optimizers}
 
     def loaders(self) -> Dict[str, DataLoader]:
         return {name: v for name, v in self.namespace.items() if isinstance(v, DataLoader)}
+
+
+def lookup(namespace: dict, name: str):
+    """A name of a program's namespace, or a path from one into a framework's objects:
+    "trainer.model" (an attribute), "trainer.optimizers.0" (an item of a list)."""
+    first, *rest = name.split(".")
+    found = namespace[first]
+    for part in rest:
+        found = found[int(part)] if part.isdigit() else getattr(found, part)
+    return found
 
 
 # -- the data stand-ins the harness writes ------------------------------------------------
@@ -209,6 +238,15 @@ def write_translation_pairs(root: Path) -> None:
 def lm_batches(ns: dict) -> int:
     """word_language_model's hand updates: one per bptt window, each epoch."""
     return math.ceil((ns["train_data"].size(0) - 1) / ns["args"].bptt) * ns["args"].epochs
+
+
+def fastai_steps(ns: dict) -> int:
+    """fastai's own Optimizer (no torch one, so no step hook): the steps its Adam state
+    counts (step_stat), one count per parameter, all alike. (Learner.train_iter would be
+    the training batches, but show_results' get_preds resets it with a before_fit.)"""
+    counts = {int(state["step"]) for state in ns["learn"].opt.state.values() if "step" in state}
+    assert len(counts) == 1, counts
+    return counts.pop()
 
 
 CORPUS = [
@@ -335,6 +373,73 @@ CORPUS = [
             # (encoder's and decoder's step() each iteration: 120 calls, 2 a step)
             steps=60, samples=60, models=("encoder1", "attn_decoder1"), optimizers=(),
             optimizers_per_step=2, prepare=write_translation_pairs),
+    # -- frameworks that own the loop (the [frameworks] extra; skipped without them): the
+    # models and optimizers they hold are named by a path from the program's names
+    Program("hf_trainer", "transformers Trainer (the course's chapter): TrainingArguments, "
+            "Trainer(model, args, train_dataset=, data_collator=DataCollatorWithPadding, "
+            "processing_class=) then train(); AdamW and linear decay made by the Trainer, "
+            "stepped through accelerate's wrappers; list-of-dicts dataset; predict() after",
+            # 2 epochs of 64 / 8 batches
+            steps=2 * 64 // 8, samples=2 * 64, optimizers=("trainer.optimizer",),
+            argv=("--output_dir", "{dir}/test-trainer"), requires=("transformers", "accelerate")),
+    Program("hf_trainer_accumulation", "hf_trainer with gradient_accumulation_steps=2: "
+            "the Trainer's own accumulation, a step every 2 batches (the model takes "
+            "**kwargs, so the Trainer leaves each micro-batch's loss unscaled and logs their sum)",
+            # 2 epochs of 64 / 8 batches, a step every 2
+            steps=2 * 64 // 8 // 2, samples=2 * 64, optimizers=("trainer.optimizer",),
+            argv=("--output_dir", "{dir}/test-trainer", "--gradient_accumulation_steps", "2"),
+            requires=("transformers", "accelerate"), script="hf_trainer"),
+    Program("accelerate_nlp", "accelerate's nlp_example: Accelerator().prepare(model, "
+            "optimizer, loaders, scheduler) (AcceleratedOptimizer, DataLoaderShard, "
+            "AcceleratedScheduler); accelerator.backward(loss); tokenizer.pad collate; "
+            "main() calling training_function(), whose locals are kept",
+            # 2 epochs of 64 / 8 batches, a step each
+            steps=2 * 64 // 8, samples=2 * 64, entry="main", frame="training_function",
+            argv=("--cpu",), requires=("accelerate", "transformers")),
+    Program("accelerate_nlp_accumulation", "accelerate's by_feature/gradient_accumulation: "
+            "Accelerator(gradient_accumulation_steps=2), `with accelerator.accumulate(model):`, "
+            "optimizer.step()/zero_grad()/scheduler.step() called every batch, the wrappers "
+            "skipping the steps between (no_sync)",
+            # 2 epochs of 64 / 8 batches; the inner AdamW steps on every 2nd
+            steps=2 * 64 // 8 // 2, samples=2 * 64, entry="main", frame="training_function",
+            argv=("--cpu", "--gradient_accumulation_steps", "2"),
+            requires=("accelerate", "transformers"), script="accelerate_nlp"),
+    Program("lightning_autoencoder", "Lightning in 15 minutes: LitAutoEncoder(encoder, "
+            "decoder) LightningModule; Adam from configure_optimizers; the loop Lightning's, "
+            "forward and backward inside optimizer.step(closure); batch size 1; "
+            "limit_train_batches",
+            # limit_train_batches=100 of 256 samples in batches of 1, max_epochs=1
+            steps=100, samples=100, models=("autoencoder",), optimizers=("trainer.optimizers.0",),
+            requires=("pytorch_lightning",)),
+    Program("lightning_onecycle_accum", "LightningModule: SGD + OneCycleLR with "
+            "{'interval': 'step'} from configure_optimizers (total_steps from "
+            "estimated_stepping_batches); accumulate_grad_batches=2 (the first micro-batch's "
+            "backward outside the optimizer's step, the second inside its closure)",
+            # 2 epochs of 256 / 16 batches, a step every 2
+            steps=2 * 256 // 16 // 2, samples=2 * 256, optimizers=("trainer.optimizers.0",),
+            requires=("pytorch_lightning",)),
+    Program("fastai_tabular", "fastai tabular tutorial: TabularDataLoaders.from_df (its own "
+            "TfmdDL, not a torch DataLoader; drop_last), tabular_learner, fit_one_cycle; "
+            "fastai's own Optimizer (no torch optimizer: updates through p.data); "
+            "validation each epoch; show_results",
+            # 2 epochs of 512 / 64 batches (the last 128 rows are the valid set); fastai's
+            # Optimizer is no torch one: the steps are the ones its Adam state counts
+            steps=2 * 512 // 64, samples=2 * 512, models=("learn.model",), optimizers=(),
+            hand_steps=fastai_steps, requires=("fastai.tabular.all",)),
+    Program("skorch_readme", "skorch README: NeuralNetClassifier(MyModule, max_epochs=10, "
+            "lr=0.1, iterator_train__shuffle=True).fit(X, y); SGD and the NLL of the "
+            "softmax made by skorch; a stratified 20% valid split each epoch",
+            # 1000 points, 800 trained (ValidSplit(5)); 10 epochs of ceil(800 / 128) = 7 batches
+            steps=10 * 7, samples=10 * 800, models=("net.module_",),
+            optimizers=("net.optimizer_",), requires=("skorch", "sklearn")),
+    Program("timm_train", "timm train.py: main(); timm.create_model (test_vit from its "
+            "config), create_optimizer_v2 (AdamW, no decay on bias/norm groups), "
+            "create_scheduler_v2 cosine with warm-up (step_update per update, step per "
+            "epoch); its own torch.autocast bf16; ModelEmaV3 updated each step; "
+            "LabelSmoothingCrossEntropy; validate() of model and EMA under no_grad",
+            # 2 epochs of 128 / 16 batches (drop_last)
+            steps=2 * 128 // 16, samples=2 * 128, models=("model", "model_ema"), entry="main",
+            requires=("timm",)),
 ]
 BY_NAME = {program.name: program for program in CORPUS}
 
@@ -346,6 +451,18 @@ def seed_all(seed: int = SEED) -> None:
     np.random.seed(seed)
 
 
+def import_frameworks(programs) -> None:
+    """Import the installed frameworks of `programs` (those a session runs), before its
+    first run: some patch torch at import (lightning_fabric wraps torch.compile, which then
+    sets `_compile_kwargs` on each compiled module; fastcore adds Tensor methods), so a
+    program run before that import and again after it would differ by the import, not by
+    the watch. Every program, every way, then runs in the one world they leave."""
+    for program in programs:
+        if program.missing() is None:
+            for module in program.requires:
+                importlib.import_module(module)
+
+
 def run_program(program: Program, way: str, inside: Optional[Callable[[dict], dict]] = None
                 ) -> Result:
     """Run `program` one way in a directory of its own; `inside(namespace)` runs before
@@ -355,6 +472,7 @@ def run_program(program: Program, way: str, inside: Optional[Callable[[dict], di
         program.prepare(workdir)
     argv = [str(program.path)] + [arg.replace("{dir}", str(workdir)) for arg in program.argv]
     saved_argv, saved_cwd = sys.argv, os.getcwd()
+    import_frameworks([program])   # its framework's import-time patches are not the watch's
     result = Result(program, way, {}, 0.0, torch_before=torch_surface())
     counter = None if way != "as written" else count_step_calls(result)
     try:
@@ -386,23 +504,25 @@ def execute(program: Program) -> dict:
     if program.entry == "script":
         return runpy.run_path(str(program.path), run_name="__main__")
     module = fresh_module(program)
-    return {**vars(module), **call_keeping_locals(module.main)}
+    return {**vars(module), **call_keeping_locals(module.main, getattr(module, program.frame))}
 
 
 def fresh_module(program: Program) -> types.ModuleType:
-    """The program imported anew under its own name (its globals as at the start; its
+    """The program imported anew under its file's name (its globals as at the start; its
     classes picklable by that name, from programs/ on sys.path)."""
-    module = types.ModuleType(program.name)
+    name = program.path.stem
+    module = types.ModuleType(name)
     module.__file__ = str(program.path)
-    sys.modules[program.name] = module
+    sys.modules[name] = module
     exec(compile(program.path.read_text(), str(program.path), "exec"), vars(module))
     return module
 
 
-def call_keeping_locals(fn: Callable[[], object]) -> dict:
-    """Call fn() and return its frame's locals as it returned. A trace function on that
-    one frame only (the global one declines every other frame at its call)."""
-    code, kept = fn.__code__, {}
+def call_keeping_locals(fn: Callable[[], object], keep: Optional[Callable] = None) -> dict:
+    """Call fn() and return the locals of `keep`'s frame (fn's own by default, a function
+    it calls: nlp_example's training_function) at its last return. A trace function on
+    that one function's frames only (the global one declines every other frame at its call)."""
+    code, kept = (keep or fn).__code__, {}
 
     def on_frame(frame, event, arg):
         if event == "return":
@@ -562,7 +682,17 @@ def loader_surface(loader: DataLoader) -> dict:
     dataset = type(loader.dataset)
     return {"attributes": sorted(vars(loader)), "num_workers": loader.num_workers,
             "pin_memory": loader.pin_memory, "batch_sampler": type(loader.batch_sampler),
-            "collate_fn": loader.collate_fn, "dataset": f"{dataset.__module__}.{dataset.__qualname__}"}
+            "collate_fn": by_name(loader.collate_fn),
+            "dataset": f"{dataset.__module__}.{dataset.__qualname__}"}
+
+
+def by_name(fn):
+    """A program's own function by its name: one defined in a function (accelerate's
+    get_dataloaders' collate_fn) is a new object in each run, the same function all the
+    same. Anything else (a wrapper: it has __wrapped__) is itself."""
+    if isinstance(fn, types.FunctionType) and not hasattr(fn, "__wrapped__"):
+        return f"{fn.__module__}.{fn.__qualname__}"
+    return fn
 
 
 def object_surfaces(result: Result) -> dict:

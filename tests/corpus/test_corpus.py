@@ -13,19 +13,28 @@ import math
 import pytest
 
 from harness import (BY_NAME, CORPUS, different_weights, dump_inside, expected_counts,
-                     hand_count,
-                     load_in_fresh_python, module_surface, not_finite, object_surfaces,
+                     hand_count, import_frameworks,
+                     load_in_fresh_python, lookup, module_surface, not_finite, object_surfaces,
                      run_counts, run_program, surface_changes, surface_diff)
 
-NAMES = [program.name for program in CORPUS]
+
+def with_skips(programs):
+    """Each program's name, skipped where a framework it imports is not installed."""
+    return [pytest.param(p.name, marks=pytest.mark.skipif(
+        p.missing() is not None,
+        reason=f"needs {p.missing()} (pip install -c .ci/constraints.txt -e '.[frameworks]')"))
+        for p in programs]
+
+
+NAMES = with_skips(CORPUS)
 # main() programs: their classes live in a module importable by name, so the watched
 # model itself can be pickled and loaded elsewhere (a script's classes are __main__'s)
-PICKLED = [p.name for p in CORPUS if p.entry == "main"]
+PICKLED = with_skips([p for p in CORPUS if p.entry == "main"])
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _forget_the_runs():
-    """The runs' namespaces (models, loaders, data of 25 programs, three ways) are let go
+    """The runs' namespaces (models, loaders, data of every program, three ways) are let go
     after this module: the suite's later tests fork workers from a smaller process."""
     yield
     result.cache_clear()
@@ -33,12 +42,22 @@ def _forget_the_runs():
     gc.collect()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_world(request):
+    """The frameworks of the programs this session runs, imported before its first run:
+    a framework that patches torch at import (Lightning's torch.compile) would otherwise
+    part a program's earlier runs from its later ones (harness.import_frameworks)."""
+    names = {item.callspec.params.get("name") for item in request.session.items
+             if hasattr(item, "callspec")}
+    import_frameworks([BY_NAME[n] for n in names if n in BY_NAME])
+
+
 @functools.lru_cache(maxsize=None)
 def result(name: str, way: str):
     """Each program runs once each way per session; the tests read the same runs."""
     program = BY_NAME[name]
-    inside = dump_inside(lambda ns: ({n: ns[n] for n in program.models},
-                                     {n: ns[n] for n in program.optimizers}),
+    inside = dump_inside(lambda ns: ({n: lookup(ns, n) for n in program.models},
+                                     {n: lookup(ns, n) for n in program.optimizers}),
                          pickles=program.entry == "main")
     return run_program(program, way, inside=inside if way == "defaults" else None)
 

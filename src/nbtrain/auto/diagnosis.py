@@ -8,7 +8,9 @@ from typing import Optional
 import torch
 
 from ..machine import available_cores, cpu_bf16_feature, gpu_has_bf16
+from . import frameworks
 from .compiling import compile_findings
+from .precision import OWN_AUTOCAST
 from .rates import percent
 
 INPUT_BOUND = 0.25     # a quarter of the step waiting for data is worth fixing first
@@ -53,7 +55,12 @@ def own_loop_findings(fractions: dict) -> list:
     findings = []
     reads = fractions.get("host_reads_per_step", 0.0)
     worst_read = fractions.get("worst_host_read")
-    if reads >= 0.5:   # about every step (a read after the last step falls outside)
+    if reads >= 0.5 and worst_read and frameworks.IN_ITS_CODE in worst_read.where:
+        findings.append(   # the framework's, not the user's: nothing of theirs to change
+            f"the loop reads tensors back to the host {reads:.2g}x per step, the most at "
+            f"{worst_read.where} ({worst_read.code}): on a GPU each read waits for every "
+            "queued kernel; it is not in your code")
+    elif reads >= 0.5:   # about every step (a read after the last step falls outside)
         findings.append(
             f"your loop reads tensors back to the host {reads:.2g}x per step"
             + (f", {_the_line(worst_read)}" if worst_read else " (loss.item(), .cpu(), print)")
@@ -113,7 +120,7 @@ def _bottleneck(fractions: dict, resolved: dict) -> str:
 
 def _mfu_diagnosis(mfu: float, resolved: dict) -> str:
     if mfu < LAUNCH_BOUND_MFU:
-        tips = ["a larger batch_size"] + _not_on(resolved, compile="compile=True")
+        tips = _batch_and_compile(resolved)
         return (f"compute-bound at {percent(mfu)} MFU: the step is {_overhead_bound(resolved)}"
                 f" - try {' or '.join(tips)}")
     if mfu >= NEAR_PEAK_MFU:
@@ -142,8 +149,11 @@ def _value(resolved: dict, name: str, default=None):
 
 def _input_fixes(resolved: dict) -> str:
     workers = _value(resolved, "num_workers", 0)
-    if _value(resolved, "loop") == "your own":   # nt.watch: the line to change is the user's
-        more = min(max((workers or 0) * 2, 2), available_cores())
+    framework = frameworks.framework_of(resolved)
+    more = min(max((workers or 0) * 2, 2), available_cores())
+    if framework is not None:   # its own knob, as its users write it
+        return framework.workers.format(n=more)
+    if _value(resolved, "loop") == frameworks.OWN:   # nt.watch: the line to change is the user's
         return (f"DataLoader(..., num_workers={more}, persistent_workers=True) in your loop, "
                 "or a packed format (nt.data.pack_lmdb)")
     tips = []
@@ -169,14 +179,27 @@ def _copy_fixes(resolved: dict) -> str:
 
 def _compute_fixes(resolved: dict) -> str:
     amp = _amp_to_try(resolved)
-    if _value(resolved, "loop") == "your own":   # nt.watch: what applies to your loop
+    framework = frameworks.framework_of(resolved)
+    if framework is not None:   # its own knobs, as its users write them
+        tips = [framework.amp.format(amp=amp)] if amp else []
+        return " / ".join(tips + _batch_and_compile(resolved)[::-1])
+    if _value(resolved, "loop") == frameworks.OWN:   # nt.watch: what applies to your loop
         tips = [f"nt.watch(amp='{amp}')"] if amp else []
-        return " / ".join(tips + ["model = torch.compile(model)",
-                                  "a larger batch_size in your DataLoader"])
+        return " / ".join(tips + _batch_and_compile(resolved)[::-1])
     tips = [f"amp={amp}"] if amp else []
-    tips += _not_on(resolved, channels_last="channels_last=True (conv nets)",
-                    compile="compile=True")
-    return " / ".join(tips + ["a larger batch_size"])
+    tips += _not_on(resolved, channels_last="channels_last=True (conv nets)")
+    return " / ".join(tips + _batch_and_compile(resolved)[::-1])
+
+
+def _batch_and_compile(resolved: dict) -> list:
+    """A larger batch and torch.compile, as the run's loop takes them: nt.fit's settings,
+    the line of the user's own loop, or the framework's knobs."""
+    framework = frameworks.framework_of(resolved)
+    if framework is not None:
+        return [framework.batch, framework.compile]
+    if _value(resolved, "loop") == frameworks.OWN:
+        return ["a larger batch_size in your DataLoader", "model = torch.compile(model)"]
+    return ["a larger batch_size"] + _not_on(resolved, compile="compile=True")
 
 
 def _not_on(resolved: dict, **tips: str) -> list:
@@ -187,10 +210,11 @@ def _not_on(resolved: dict, **tips: str) -> list:
 
 def _amp_to_try(resolved: dict) -> Optional[str]:
     """The autocast this machine runs fast, for a run without one; None where "auto"
-    found none (a CPU without bf16 units, MPS) or measured bf16 slower on this model,
-    so the advice never contradicts the reason shown beside amp."""
+    found none (a CPU without bf16 units, MPS) or measured bf16 slower on this model, or
+    the loop runs its own autocast, so the advice never contradicts the reason shown
+    beside amp."""
     amp, why = resolved.get("amp", (None, ""))
-    if amp != "off" or "measured" in why:
+    if amp != "off" or "measured" in why or OWN_AUTOCAST in why:
         return None
     device = torch.device(str(_value(resolved, "device", "cpu")))
     if device.type == "cuda":

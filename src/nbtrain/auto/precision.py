@@ -80,6 +80,11 @@ def auto_amp(device: torch.device) -> Resolved:
     return "off", f"CPU ({platform.machine()}) has no bf16 matmul units (avx512_bf16/amx)"
 
 
+# why a watch adds no autocast to a loop that runs its own (watcher/autocast.py says it, with
+# the loop's dtype), read by the diagnosis: a loop under its own autocast is advised no amp
+OWN_AUTOCAST = "your loop runs its forward under its own autocast"
+
+
 # bf16 autocast adds a cast per op: it pays for big matmuls and convolutions and costs on
 # tiny ones (docs/guide/measured.md), so a CPU takes it only for a clear gain.
 MIN_BF16_GAIN = 1.1
@@ -87,8 +92,9 @@ MIN_BF16_GAIN = 1.1
 
 class Verdict(NamedTuple):
     """The one bf16 decision: the amp to run, the median gain (fp32 time / bf16 time),
-    whether the blocks decided it beyond their noise, and where they did not, their
-    spread in words (noise_words)."""
+    whether the blocks decided it beyond their noise, and where they did not and their
+    medians do not stand apart either (medians_apart), their spread in words (noise_words).
+    gain_words says it."""
     amp: str
     gain: float
     decisive: bool
@@ -100,14 +106,46 @@ def decide(fp32_s, bf16_s, default: str) -> Verdict:
     nothing is decided) unless a rank test decides it (blocks_decisive)."""
     gain = median(fp32_s) / median(bf16_s)
     decisive = blocks_decisive(fp32_s, bf16_s)
-    return Verdict(amp_for(gain, decisive, default), gain, decisive,
-                   "" if decisive else noise_words(fp32_s, bf16_s))
+    noise = "" if decisive or medians_apart(fp32_s, bf16_s) else noise_words(fp32_s, bf16_s)
+    return Verdict(amp_for(gain, decisive, default), gain, decisive, noise)
+
+
+def medians_apart(fp32_s, bf16_s) -> bool:
+    """Whether either precision's median block lies outside the other's range of blocks: a
+    difference larger than the blocks' own spread, which the ratio then says even where the
+    rank test cannot decide (3 blocks each, one quick bf16 block: a 2.6x slowdown is slower,
+    not noise). Blocks ranging over each other's medians (a busy machine's 2-40 ms against
+    0.2-35 ms, docs/guide/measured.md) stand not apart: their ratio is noise."""
+    fp32, bf16 = median(fp32_s), median(bf16_s)
+    return not (min(fp32_s) <= bf16 <= max(fp32_s) and min(bf16_s) <= fp32 <= max(bf16_s))
+
+
+def gain_words(verdict: Verdict, where: str = "") -> str:
+    """The blocks' verdict in words that agree with its figure, nt.fit's probe's and the
+    watch's trial's alike; `where` follows "fp32" (" on this model"). Decided: faster, only
+    a little faster, or slower; undecided with the medians apart: the ratio, slower or
+    faster, and that the blocks overlap; else each precision's range, never a ratio.
+
+    >>> gain_words(decide([1e-3, 1.02e-3, 1.1e-3], [1.05e-3, 2.6e-3, 2.7e-3], "off"))
+    "bf16 0.39x of fp32 (slower, though its blocks overlap fp32's)"
+    """
+    gain = verdict.gain
+    if verdict.noise:
+        return f"bf16 against fp32{where}: {verdict.noise}"
+    if not verdict.decisive:
+        way = "slower" if gain < 1 else "faster"
+        return f"bf16 {gain:.2f}x of fp32{where} ({way}, though its blocks overlap fp32's)"
+    if gain >= MIN_BF16_GAIN:
+        return f"bf16 {gain:.2f}x faster than fp32{where}, beyond the noise of the blocks"
+    if gain >= 1:
+        return f"bf16 only {gain:.2f}x of fp32{where} (less than {MIN_BF16_GAIN}x)"
+    return f"bf16 {gain:.2f}x of fp32{where} (slower)"
 
 
 def noise_words(fp32_s, bf16_s) -> str:
-    """Undecided blocks in words: each precision's range of step times, not the medians'
-    ratio. Undecided, that ratio is noise whatever its size (docs/guide/measured.md, the
-    demo on a busy machine), and a ratio reads like a result."""
+    """Undecided blocks whose medians stand not apart, in words: each precision's range of
+    step times, not the medians' ratio. Such a ratio is noise whatever its size
+    (docs/guide/measured.md, the demo on a busy machine), and a ratio reads like a result."""
     return (f"no difference beyond the noise: fp32 steps took {_ms_range(fp32_s)}, bf16 steps "
             f"{_ms_range(bf16_s)}")
 
@@ -151,8 +189,8 @@ def bf16_choice(step, key, may_measure: str = "",
     units, default = bf16_units(device), default_amp(device)
     words = {"bf16": "bf16", "off": "fp32"}[default]
     try:
-        gain, source, decisive, noise = _bf16_gain(step, key, default,
-                                                   measure=not may_measure)
+        gain, source, decisive, said = _bf16_gain(step, key, default,
+                                                  measure=not may_measure)
         if gain is None:
             return default, (f"{units}, and bf16 is not measured on this model "
                              f"({may_measure}): {words}")
@@ -160,8 +198,7 @@ def bf16_choice(step, key, may_measure: str = "",
         return default, (f"could not measure bf16 on this model ({type(exc).__name__}): "
                          f"{words}")
     if not decisive:
-        return default, (f"{units}; bf16 against fp32 on this model: {noise}: {words} "
-                         "(measured again next run)")
+        return default, f"{units}; {said}: {words} (measured again next run)"
     return decided_amp(gain, source, units, default)
 
 
@@ -183,9 +220,9 @@ def bf16_units(device: torch.device) -> str:
 
 def _bf16_gain(step, key, default: str,
                measure: bool = True) -> Tuple[Optional[float], str, bool, str]:
-    """(fp32 time / bf16 time, how it is known, decisive, the noise in words where not)
-    for `key` on this machine; (None, '', False, '') when it is not known and not to be
-    measured. A known gain was decisive (only such are kept) or given."""
+    """(fp32 time / bf16 time, how it is known, decisive, where not the blocks' verdict in
+    words: gain_words) for `key` on this machine; (None, '', False, '') when it is not known
+    and not to be measured. A known gain was decisive (only such are kept) or given."""
     gain, source = known_bf16_gain(key)
     if gain is not None or not measure:
         return gain, source, gain is not None, ""
@@ -193,7 +230,7 @@ def _bf16_gain(step, key, default: str,
     verdict = measure_bf16_speedup(step, default)
     if verdict.decisive:
         remember_bf16_gain(key, verdict.gain, load)
-    return verdict.gain, "measured", verdict.decisive, verdict.noise
+    return verdict.gain, "measured", verdict.decisive, gain_words(verdict, " on this model")
 
 
 def known_bf16_gain(key) -> Tuple[Optional[float], str]:

@@ -212,6 +212,7 @@ class Interval:
         self.t_start = time.perf_counter()
         self._ended = None
         self.timer = None
+        self.sums = False   # a record's loss: the mean of its steps' summed micro-batches
         self.reset(start_step)
 
     def reset(self, start_step: int, before=None) -> None:
@@ -255,6 +256,21 @@ class Interval:
         self.micro_ends.append(self.micro)
         self.samples_done = self.samples
 
+    def sum_micro_batches(self) -> None:
+        """A step's loss is the sum of its micro-batches' (a framework that divides each by
+        their count), not their mean; a record's, the mean of its steps'."""
+        self.sums = True
+
+    def take_back(self, samples: int) -> None:
+        """Samples credited to the last step that are the next one's (nt.watch: a batch its
+        loader fetched ahead), from this interval or, where that step ended the last one,
+        from that one's record."""
+        if self.steps:
+            self.samples -= samples
+            self.samples_done -= samples
+        elif self._ended is not None:
+            self._ended.samples -= samples
+
     def extend_step(self) -> None:
         """The micro-batches since the last step belong to it (nt.watch: a second
         optimizer's backward after the first one's step)."""
@@ -269,28 +285,31 @@ class Interval:
         del self.losses[done:]
         self.micro, self.samples = done, self.samples_done
 
-    def close(self, step: int, epoch: int, lr: float) -> Optional[dict]:
-        """End this interval and start the next; the previous interval's record, if any.
+    def close(self, step: int, epoch: int, lr: float, at: Optional[float] = None) -> Optional[dict]:
+        """End this interval (at `at`, a perf_counter time: its last step's end, where the
+        loop went on after it; else now) and start the next; the previous interval's
+        record, if any.
 
         The next interval starts before the previous one is read: the wait for the
         device is time the device spends on its steps, so it is counted as theirs.
         """
-        ended = EndedInterval(self, step, epoch, lr)
+        ended = EndedInterval(self, step, epoch, lr, at)
         self.reset(step, before=self.timer.last_end())
         previous, self._ended = self._ended, ended
         return previous.record() if previous is not None else None
 
-    def flush(self) -> Optional[dict]:
+    def flush(self, until: Optional[float] = None) -> Optional[dict]:
         """The record of the interval closed last, once. Outside `close`, the wait for the
         device finishes that interval's steps, so it is added to its time, and so is the
         time since that close while the open interval has no step yet (which includes
-        the wait inside the close)."""
+        the wait inside the close); `until`: none of it after that time (the last step's
+        end, where the loop went on after it)."""
         ended, self._ended = self._ended, None
         if ended is None:
             return None
         start = self.t0 if self.steps == 0 else time.perf_counter()
         ended.wait()
-        now = time.perf_counter()
+        now = time.perf_counter() if until is None else max(until, start)
         if self.steps == 0:
             self.t0 = now   # the open interval starts after the time it handed back
         return ended.record(waited_s=now - start)
@@ -299,8 +318,9 @@ class Interval:
 class EndedInterval:
     """A closed interval: its host-side figures, and its device values on their way."""
 
-    def __init__(self, interval: Interval, step: int, epoch: int, lr: float):
-        now = time.perf_counter()
+    def __init__(self, interval: Interval, step: int, epoch: int, lr: float,
+                 at: Optional[float] = None):
+        now = time.perf_counter() if at is None else at
         self.step, self.epoch, self.lr = step, epoch, lr
         self.samples, self.steps, self.skipped = interval.samples, interval.steps, interval.skipped
         self.data_wait_s, self.counts = interval.data_wait_s, interval.counts
@@ -308,6 +328,7 @@ class EndedInterval:
         self.memory = interval.memory.read() if interval.timed else {}
         self.timer = interval.timer if interval.timed else None
         self.start_step, self.micro_ends = interval.start_step, interval.micro_ends
+        self.sums = interval.sums
         self.losses, self.ready = _start_reading(interval.losses)
 
     def wait(self) -> None:
@@ -323,9 +344,10 @@ class EndedInterval:
         total = sum(values)   # finite unless one of them is not (or the sum overflows)
         finite = values if math.isfinite(total) else [v for v in values if math.isfinite(v)]
         elapsed, steps = self.elapsed + waited_s, max(self.steps, 1)
+        per = steps if self.sums else len(finite)
         record = {
             "kind": "train", "step": self.step, "epoch": self.epoch,
-            "loss": (total if finite is values else sum(finite)) / len(finite) if finite
+            "loss": (total if finite is values else sum(finite)) / per if finite
             else math.nan, "lr": self.lr,
             "samples": self.samples, "steps": self.steps,
             "samples_per_s": self.samples / elapsed, "steps_per_s": self.steps / elapsed,

@@ -11,14 +11,14 @@ from ..run import Run
 from ..telemetry.timers import Interval
 
 
-def log_interval(run: Run, interval: Interval, lr: float) -> None:
-    """Close the interval and emit the one before it (see Interval)."""
-    _emit_train(run, interval.close(run.step, run.epoch, lr), interval)
+def log_interval(run: Run, interval: Interval, lr: float, at: Optional[float] = None) -> None:
+    """Close the interval (at `at`: Interval.close) and emit the one before it."""
+    _emit_train(run, interval.close(run.step, run.epoch, lr, at), interval)
 
 
-def flush_interval(run: Run, interval: Interval) -> None:
-    """Emit the last closed interval's record now (it waits for the device)."""
-    _emit_train(run, interval.flush(), interval, last=True)
+def flush_interval(run: Run, interval: Interval, until: Optional[float] = None) -> None:
+    """Emit the last closed interval's record now (it waits for the device; Interval.flush)."""
+    _emit_train(run, interval.flush(until), interval, last=True)
 
 
 DIAGNOSE_EVERY_S = 0.25   # records closer together carry the last diagnosis

@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ..config import GROUPS, ConfigError, Setting, TrainConfig, rejection, settings_in
 from ..kinds import Choice, Flag, Number, OrNone, Pair, Whole, text_of
+from ..tables import setting
 from ..views.dashboard import Dashboard, require_plotly_widgets
 
 LIVE_FIELDS = ("lr",)   # applied to a running run; every other field needs the next Train
@@ -520,7 +521,7 @@ def _resolved_html(run) -> str:
     if run is None or not run.resolved:
         return ""
     rows = "".join(f"<tr><td style='padding:0 6px 0 0'><b>{html.escape(name)}</b></td>"
-                   f"<td style='padding:0 6px 0 0'>{html.escape(str(value))}</td>"
+                   f"<td style='padding:0 6px 0 0'>{html.escape(setting(name, value))}</td>"
                    f"<td style='color:#666;white-space:normal;overflow-wrap:anywhere' "
                    f"title='{html.escape(why, quote=True)}'>{html.escape(why)}</td></tr>"
                    for name, (value, why) in run.resolved.items())

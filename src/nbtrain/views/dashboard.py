@@ -29,6 +29,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ..auto import frameworks
 from ..kinds import text_of
 from ..tables import formatted
 from ..telemetry.gaps import between_words
@@ -414,10 +415,12 @@ def _settings_text(run) -> str:
     def pick(name):
         return got.get(name, getattr(cfg, name))
 
-    if got.get("loop") == "your own":   # nt.watch: batch, optimizer and LR are the loop's
+    if frameworks.watched(getattr(run, "resolved", {})):
+        # nt.watch: batch, optimizer and LR are the loop's (the user's, a framework's)
         opt = getattr(run, "optimizer", None)
         lr = f" lr={opt.param_groups[0]['lr']:g}" if opt is not None else ""
-        return (f"your loop: amp={pick('amp')} batched_fetch={pick('batched_fetch')} "
+        loop = "your loop" if got["loop"] == frameworks.OWN else got["loop"]
+        return (f"{loop}: amp={pick('amp')} batched_fetch={pick('batched_fetch')} "
                 f"{type(opt).__name__ if opt is not None else ''}{lr} "
                 f"{pick('optimizer_impl') if 'optimizer_impl' in got else ''}").rstrip()
     sched = text_of(cfg.scheduler) + (f"+warmup {cfg.warmup_steps}" if cfg.warmup_steps else "")

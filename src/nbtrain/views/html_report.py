@@ -12,6 +12,8 @@ import datetime
 import html
 from typing import List
 
+from ..tables import setting
+
 STYLE = """body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1200px;color:#222}
 table{border-collapse:collapse;font-size:13px}td,th{padding:2px 10px 2px 0;text-align:left;
 vertical-align:top}pre{font-size:12px;background:#f6f6f6;padding:.6em;overflow-x:auto}
@@ -44,12 +46,18 @@ def _figure_html(figure) -> str:
 def _run_section(label: str, run) -> str:
     """The summary as `print(run.summary_text())` gives it, the resolved settings with
     their reasons, and every config field."""
-    resolved = _table([(name, value, why) for name, (value, why) in run.resolved.items()],
-                      ("setting", "used", 'why ("auto" resolved it so, or it was asked for)'))
+    resolved = _resolved_table(run)
     config = _table(sorted(run.config.to_dict().items()), ("field", "value"))
     return (f"<h2>{html.escape(label)}</h2><pre>{html.escape(run.summary_text())}</pre>"
             f"{_where_the_time_goes(run)}"
             f"<h3>settings used</h3>{resolved}<h3>configuration</h3>{config}")
+
+
+def _resolved_table(run) -> str:
+    """The resolved settings, each figure with its unit (tables.setting), and why."""
+    return _table([(name, setting(name, value), why)
+                   for name, (value, why) in run.resolved.items()],
+                  ("setting", "used", 'why ("auto" resolved it so, or it was asked for)'))
 
 
 def _where_the_time_goes(run) -> str:

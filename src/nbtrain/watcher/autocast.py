@@ -10,6 +10,7 @@ import torch
 
 from ..auto import budget
 from ..auto.precision import (
+    OWN_AUTOCAST,
     bf16_key,
     bf16_units,
     decided_amp,
@@ -43,7 +44,7 @@ class Autocast:
         edge = self.edge
         device, plan = edge.device, edge.plan
         self.key = bf16_key(model, device, model_inputs(args))
-        own = plan.may("amp") and torch.is_autocast_enabled(device.type)
+        own = _own_autocast(device)   # whatever the Plan: the diagnosis then advises no amp
         amp, why = watch_amp(edge.run.config.amp, device, plan.why_not("amp"), self.key, own)
         self.settle("off" if amp == TRIAL else amp, why)
         self._to_channels_last = plan.may("channels_last") and edge.run.config.channels_last is True
@@ -102,6 +103,17 @@ class Autocast:
         self.edge.run.resolved["channels_last"] = (True, "asked for: the model's 4-d weights "
                                                          "and inputs in NHWC, for the watch only")
 
+
+def _own_autocast(device: torch.device):
+    """The dtype of the autocast the loop runs its forward under on `device`; None where it
+    runs none, or the device has no autocast (meta, standing in for a GPU in tests)."""
+    try:
+        enabled = torch.is_autocast_enabled(device.type)
+    except RuntimeError:   # "unknown device type for autocast"
+        return None
+    return torch.get_autocast_dtype(device.type) if enabled else None
+
+
 def _as_float32(output):
     """16-bit floating outputs of an autocast forward as float32; anything else as it is."""
     if isinstance(output, torch.Tensor):
@@ -111,15 +123,18 @@ def _as_float32(output):
     return output
 
 
-def watch_amp(requested: str, device: torch.device, why_not: str, key, own_autocast: bool):
-    """The watch's amp, (value, why): the Plan's refusal, the loop's own autocast kept, or
-    the one ladder's answer (resolve_amp: the same ConfigError as nt.fit's for the same
-    request on the same device); (TRIAL, why) where "auto" took bf16 and no gain is known
-    for `key`, so that bf16 is measured on the loop's own steps."""
+def watch_amp(requested: str, device: torch.device, why_not: str, key, own_autocast):
+    """The watch's amp, (value, why): the loop's own autocast kept (`own_autocast`: its
+    dtype, or None; a Plan's refusal said beside it), the Plan's refusal, or the one
+    ladder's answer (resolve_amp: the same ConfigError as nt.fit's for the same request on
+    the same device); (TRIAL, why) where "auto" took bf16 and no gain is known for `key`,
+    so that bf16 is measured on the loop's own steps."""
+    if own_autocast:   # "off" is what the watch adds, not what the forward runs in
+        dtype = str(own_autocast).replace("torch.", "")
+        return "off", (f"{why_not + '; ' if why_not else ''}{OWN_AUTOCAST} ({dtype}), kept "
+                       "as it is: the watch adds none")
     if why_not:
         return "off", why_not
-    if own_autocast:
-        return "off", "your loop runs its forward under its own autocast: kept as it is"
     amp, why = resolve_amp(requested, device)
     held = clip_out_of_reach() if amp == "fp16" and requested == "auto" else ""
     if held:

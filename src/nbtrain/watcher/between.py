@@ -22,12 +22,13 @@ class Between:
         self.edge = edge
         self._gaps = edge.run.between
         self._ended_at = edge.started   # the last step's end (the watch's start before one)
+        self.last_end = None            # the last step's end, kept after the next one starts
 
     def install(self) -> None:
         self.edge.patches.patch(torch, "save", self._wrap_save)
 
     def step_ended(self) -> None:
-        self._ended_at = time.perf_counter()
+        self._ended_at = self.last_end = time.perf_counter()
 
     def step_starts(self, now: float) -> None:
         """A step's first batch is fetched, or its first forward runs, at `now`: the time

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import time
 from typing import Optional
 
 import torch
 
 from .. import checkpoint as ckpt
+from ..auto import frameworks
 from ..run import Run
 from ..telemetry.timers import HostTimer, Interval, RestTimer
 from .autocast import TRIAL, Autocast
@@ -129,6 +131,7 @@ class Watcher:
         edge = self.edge
         edge.model = model
         self.run.equip(model=model)
+        self._framework_found(frameworks.running(), model)
         if self.ranks is not None:
             self.ranks.found_model(model)
         self.forward.model_found(model)
@@ -142,11 +145,36 @@ class Watcher:
         if self.copies.pending and self.loader.training is None:
             self.copies.none("your loop iterates no DataLoader (its model ran before any batch)")
 
+    def _framework_found(self, framework, model) -> None:
+        """The loop is a framework's (its code on the stack of the first forward or
+        backward): named so, the Run's model the one it holds (the LightningModule whose
+        training_step called this one), and what the framework decides for the whole model
+        (its precision, the model's memory layout) left to its own knob."""
+        if framework is None or self.run.resolved.get("loop", ("",))[0] == framework.name:
+            return
+        self.run.resolved["loop"] = (framework.name,
+                                     f"nt.watch: {framework.name}'s loop, watched")
+        if framework.sums_micro_batches:   # the loss a micro-batch's backward gets is a share
+            self.records.sum_micro_batches(framework.name)
+        optimizer_class = frameworks.optimizer_class(framework)
+        if optimizer_class is not None:
+            self.steps.hook_other_optimizer(optimizer_class)
+        if model is None:   # found at the first backward: the forward's changes are decided
+            return
+        holder = frameworks.holding_module(model, sys._getframe(2))
+        if holder is not model:
+            self.run.equip(model=holder)
+        plan = self.edge.plan
+        plan.refuse("amp", f"{framework.name} decides it: {framework.amp.format(amp='bf16')}")
+        plan.refuse("channels_last", f"{framework.name} holds the model: convert it before "
+                                     "training, model.to(memory_format=torch.channels_last)")
+
     def _ensure_interval(self, device: torch.device) -> Interval:
         edge = self.edge
         if edge.interval is None:
             edge.device = device
-            self.run.resolved["loop"] = ("your own", "nt.watch: the loop you wrote, watched")
+            self.run.resolved.setdefault("loop", (frameworks.OWN,
+                                                  "nt.watch: the loop you wrote, watched"))
             self.run.resolved.setdefault("device", (str(device), "your loop's: where the model is"))
             # on the CPU a step's compute is what its data wait leaves (data wait: the
             # loader's time; compute: the rest), with no timer call per step (RestTimer)
@@ -222,8 +250,8 @@ class Watcher:
     def _on_backward(self, loss: torch.Tensor) -> None:
         edge, steps = self.edge, self.steps
         tally = edge.tally
-        if steps.in_step and tally.backwards:   # a closure's evaluation after its first
-            tally.reevaluated()
+        if steps.in_step and tally.backwards and not tally.fresh:   # a closure's evaluation
+            tally.reevaluated()   # after its first (a new batch: a micro-batch, steps.py)
             return
         if tally.backwards and steps.hand is not None and steps.hand.updated():
             steps.close()   # a loop updating by hand: its update came before this
@@ -243,6 +271,8 @@ class Watcher:
             self.measure.counted_backward(steps.micro_last)
 
     def _first_backward(self, loss: torch.Tensor) -> None:
+        if self.run.resolved.get("loop", ("",))[0] == frameworks.OWN:   # Accelerate: its
+            self._framework_found(frameworks.running(), None)   # backward, the user's forward
         self._first_sign(loss.device)
         self.steps.watch_hand_updates(loss)
 
@@ -269,9 +299,7 @@ class Watcher:
                 if exc is None and self.steps.hand is not None and edge.tally.backwards:
                     self.steps.close(measure=False)   # the last update by hand ran after its backward
                 interval.drop_unfinished_step()
-                if interval.steps:
-                    self.records.log()
-                self.records.flush()
+                self.records.last(self.steps.lr, self.between.last_end)
         # after the last records: a non-finite loss in them stops the run too (run.diverge)
         stopped = isinstance(exc, StopWatching) or (exc is None and run.stop_requested)
         error = exc if exc is not None and not isinstance(

@@ -48,22 +48,46 @@ class Tally:
     loader part tells it of training batches, the forward part of a forward's samples
     without a DataLoader, the watcher of each backward, and the steps part closes the
     step). tests/test_watch_rooms.py checks that no other code assigns them: plain slots,
-    since the loop's every batch and backward reads them."""
+    since the loop's every batch and backward reads them.
 
-    __slots__ = ("samples", "backwards", "batches", "trained", "at_boundary")
+    A loader that fetches one batch ahead (Accelerate's prepared loader, Lightning's
+    fetcher, timm's prefetcher: the next batch is read before the current one is handed
+    over; Hugging Face's Trainer also reads a step's micro-batches before the first) is
+    told from the first two steps: the first saw one batch more than the second. As the
+    second ends, the batch the first fetched ahead is moved to it, and the one the second
+    fetched ahead is held back (`moved`: the records follow). From then on a backward
+    after new batches trains on the one held back and holds back the newest; the pass's
+    last batch is trained on after the loader ran out."""
 
-    def __init__(self):
+    __slots__ = ("samples", "backwards", "batches", "trained", "at_boundary", "fresh",
+                 "ahead", "held", "newest", "_first", "_was_holding", "_moved")
+
+    def __init__(self, moved):
         self.samples = 0           # samples of the step's batches not yet added to a loss
         self.backwards = 0         # backward() calls since the last step
         self.batches = 0           # training batches since the last step
         self.trained = False       # the loop's first sign of training has come
         self.at_boundary = True    # between two steps: where Stop ends the loop
+        self.fresh = False         # a training batch came since the last backward
+        self.ahead = None          # batches the loader fetches ahead: None until told
+        self.held = 0              # samples of the batch fetched ahead, not trained on yet
+        self.newest = 0            # samples of the last training batch
+        self._first = None         # (batches, backwards, newest) of the first step
+        self._was_holding = 0      # a batch was held back as the step began
+        self._moved = moved        # (from the first step, off this one): the records follow
 
     # -- what comes in: batches, forwards, backwards ---------------------------------------
     def batch(self, samples: int) -> None:
         """A batch of the training loader (a GAN's counted once: its loader's)."""
         self.samples += samples
         self.batches += 1
+        self.newest = samples
+        self.fresh = True
+
+    def ran_out(self) -> None:
+        """The training loader's pass ended: a batch held back is the next backward's."""
+        self.newest = 0
+        self.fresh = self.held > 0
 
     def forward(self, samples: int) -> None:
         """A forward's samples, where no DataLoader tells them (a policy's states)."""
@@ -83,10 +107,33 @@ class Tally:
     def backward(self) -> int:
         """A backward of the loop's: the step has begun; returns the samples of its
         micro-batch (a loss's), which the next micro-batch does not count again."""
-        samples, self.samples = self.samples, 0
+        if self.ahead:
+            samples = self._trained_on_the_held()
+        else:
+            samples, self.samples = self.samples, 0
+        self.fresh = False
         self.backwards += 1
         self.at_boundary = False
         return samples
+
+    def _trained_on_the_held(self) -> int:
+        if not self.fresh:   # the same batch's backward again (a GAN's second)
+            samples = 0
+        else:   # the batch held back is trained on; the newest is held back
+            samples = self.held + self.samples - self.newest
+            self.held = self.newest
+        self.samples = 0
+        return samples
+
+    def _tell_ahead(self, batches: int) -> None:
+        """As the second step ends: whether the loader runs a batch ahead. If so, the batch
+        the first step fetched ahead is this one's, and the one this one fetched ahead the
+        next one's."""
+        first_batches, first_newest = self._first
+        self.ahead = int(first_batches == batches + 1 and batches >= 1)
+        if self.ahead:
+            self._moved(first_newest, self.newest)
+            self.held, self._was_holding = self.newest, 1
 
     def reevaluated(self) -> None:
         """A closure's backward after its first (LBFGS): the same step's evaluation, no
@@ -109,10 +156,19 @@ class Tally:
         return samples
 
     def close(self, boundary: bool = True) -> tuple:
-        """The step ends: (batches, backwards) it saw, and the counts start again;
+        """The step ends: (batches, backwards) it trained on, and the counts start again;
         `boundary`: the loop is between steps (with several optimizers a step, only after
         the last of them)."""
-        seen = self.batches, self.backwards
+        batches = self.batches
+        if self.ahead:   # the batch held back is the next step's, the one held before this one's
+            holding = int(self.held > 0)
+            batches += self._was_holding - holding
+            self._was_holding = holding
+        elif self._first is None:
+            self._first = batches, self.newest
+        elif self.ahead is None:
+            self._tell_ahead(batches)
+        seen = batches, self.backwards
         self.backwards = self.batches = 0
         self.at_boundary = boundary
         return seen
@@ -153,7 +209,7 @@ class Edge:
         self.model = self.device = self.interval = None
         self.inside = False        # nbtrain's own code runs: its calls are not the loop's
         self.own = OwnCode(self)
-        self.tally = Tally()
+        self.tally = Tally(moved=self._moved)
         self.started = time.perf_counter()
         self.stop_asked = run.stop_check()
         self.marks_steps = False   # the interval's timer marks each step's start
@@ -162,6 +218,12 @@ class Edge:
     @property
     def trained(self) -> bool:
         return self.tally.trained
+
+    def _moved(self, into: int, out: int) -> None:
+        """A loader that fetches ahead, told as the second step ends (Tally): `into` samples
+        move from the first step to it, `out` move from it to the next."""
+        self.interval.take_back(into)
+        self.interval.add_samples(into - out)
 
     def stop_if_asked(self) -> None:
         """End the loop at the step boundary: after a finished step, before the next one

@@ -106,6 +106,7 @@ class Loader:
                 batch = next(batches)
             except StopIteration:
                 if training:   # a whole epoch: what it waited
+                    tally.ran_out()
                     self._epoch_done(waited, clock() - epoch_start, fetched, first_s)
                 return
             finally:

@@ -18,6 +18,7 @@ from collections import Counter, deque
 
 import torch
 
+from ..auto import frameworks
 from ..train.emit import flush_interval, log_interval
 from .settings import RECORDS_MERGED
 
@@ -49,6 +50,7 @@ class Records:
         self._keeps_losses = False      # the loop keeps them (seen over READS_COUNTED_FOR steps)
         self._reads_at_once = None      # each loss read as a float: the first loss on the CPU
         self._loop_scaled = None        # (the loop's GradScaler's last output, that scaler)
+        self._sums = ""                 # the framework whose step's loss is its micro-batches' sum
         self._log_every = edge.run.config.log_every
         self.record_at = self._log_every   # the interval's steps at the next record (record_due)
         self._record_floor_s = record_floor_s
@@ -76,6 +78,12 @@ class Records:
         self.edge.interval.add(value, samples)
         if self._read_patches:   # kept losses are looked for over the host reads' steps
             self._losses.append(weakref.ref(loss))
+
+    def sum_micro_batches(self, framework: str) -> None:
+        """The loop's framework scales each micro-batch's loss to its share of the step
+        before its backward: a step's loss is their sum, as the framework logs it (said
+        once a step of several micro-batches is recorded)."""
+        self._sums = framework
 
     def _noting_scale(self, original):
         """GradScaler.scale, noting the scaled loss of a loop with its own scaler."""
@@ -117,19 +125,26 @@ class Records:
             return
         self.record_at = self._log_every
 
-    def log(self, flush: bool = False) -> None:
+    def log(self, flush: bool = False, lr=None, at=None) -> None:
         """Close the interval with the loop's counts since the last record (counted here,
         not per step: each call in a step is time the loop waits for); `flush`: emit its
-        record now (Interval.close emits the one before)."""
+        record now (Interval.close emits the one before); `lr`, `at`: see last()."""
         edge = self.edge
         interval, run = edge.interval, edge.run
+        if self._sums and not interval.sums and interval.micro > interval.steps:
+            interval.sum_micro_batches()
+            run.resolved["step_loss"] = ("the sum of its micro-batches'", (
+                f"{self._sums} scales each micro-batch's loss to its share of the step before "
+                "backward() (by the accumulation count, or by its share of the step's "
+                "tokens): their sum is the step's loss, as it logs it"))
         if self._read_patches:
             reads = sum(self._host_reads.values())
             self._reads_counted.append((self._host_reads, interval.steps))
             self._host_reads = Counter()
-            # a loss still alive after its step: the loop keeps it, and with it its graph
+            # a loss still alive two losses later: the loop keeps them, and with them their
+            # graphs (the last one's step may be held until the next: skorch's last result)
             self._keeps_losses = any((t := ref()) is not None and t.requires_grad
-                                     for ref in list(self._losses)[:-1])
+                                     for ref in list(self._losses)[:-2])
             if run.step >= READS_COUNTED_FOR:
                 self._stop_counting_reads()
         else:
@@ -139,16 +154,25 @@ class Records:
             interval.count("collated_samples", interval.samples)
         interval.count("kept_losses", interval.steps * self._keeps_losses)
         with edge.own:   # the record's reads of the losses are not the loop's
-            log_interval(run, interval, _lr(run.optimizer))
+            log_interval(run, interval, _lr(run.optimizer) if lr is None else float(lr), at)
             if flush:
                 flush_interval(run, interval)
 
-    def flush(self) -> None:
+    def last(self, lr, ended_at) -> None:
+        """The watch's last records. They end at the last step's end (`ended_at`): what the
+        loop did after it (a sampling, a plot, a last evaluation) is no step's time, and
+        run.gaps() has it. The lr is the one that step ran with (`lr`): a scheduler may
+        have stepped after it."""
+        if self.edge.interval.steps:
+            self.log(lr=lr, at=ended_at)
+        self.flush(until=ended_at)
+
+    def flush(self, until=None) -> None:
         """The last record; a loop shorter than READS_COUNTED_FOR steps: its table of host
         reads, from the steps it made."""
         if self._read_patches:
             self._stop_counting_reads()
-        flush_interval(self.edge.run, self.edge.interval)
+        flush_interval(self.edge.run, self.edge.interval, until)
 
     # -- host reads ---------------------------------------------------------------------------
     def _counting(self, name: str):
@@ -220,9 +244,13 @@ def _your_line(frame) -> tuple:
 
 def _where(file: str, line: int) -> str:
     """"file:line", or for a notebook's cell "cell 3, line 5", as IPython's tracebacks name
-    it (its In[3]); IPython is asked only where it is loaded already."""
+    it (its In[3]); IPython is asked only where it is loaded already. A framework's file
+    is named from its package, as its own code ("skorch/net.py:1277, skorch's own code")."""
     if not file:
         return "(no frame of yours)"
+    theirs = frameworks.in_its_code(file, line)
+    if theirs is not None:
+        return theirs
     shell = sys.modules["IPython"].get_ipython() if "IPython" in sys.modules else None
     cell = getattr(getattr(shell, "compile", None), "_filename_map", {}).get(file)
     if cell is None:   # the name IPython gives a cell without a kernel: <ipython-input-3-...>
@@ -232,4 +260,5 @@ def _where(file: str, line: int) -> str:
 
 
 def _lr(optimizer) -> float:
-    return optimizer.param_groups[0]["lr"] if optimizer is not None else float("nan")
+    """A float (fastai's hyper-parameters are numpy's), NaN without an optimizer."""
+    return float(optimizer.param_groups[0]["lr"]) if optimizer is not None else float("nan")

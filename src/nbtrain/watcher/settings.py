@@ -34,6 +34,12 @@ class Plan:
     def why_not(self, name: str) -> str:
         return self._why_not[name]
 
+    def refuse(self, name: str, why: str) -> None:
+        """Found at the loop's first forward, before any part has read the line: a
+        framework that decides `name` itself (its precision, its model's layout)."""
+        if not self._why_not[name]:
+            self._why_not[name] = why
+
 
 def _why_not(value, optimize: bool) -> str:
     if not optimize:

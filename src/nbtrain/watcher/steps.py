@@ -7,9 +7,11 @@
   the step boundary (where Stop ends the loop) is after the last of them. Where the
   second optimizer then steps again on its own (layer by layer: one optimizer's steps,
   then the next one's), its first step was a step of its own, and is counted so.
-  Several `backward` per step (gradient accumulation) are its micro-batches; the
-  backwards inside an optimizer's step (a closure's, LBFGS) are evaluations of that one
-  step, its loss and samples the first one's. An optimizer step with no backward before
+  Several `backward` per step (gradient accumulation) are its micro-batches; a backward
+  inside an optimizer's step (a closure's) after one before it is an evaluation of that
+  one step (LBFGS, SAM), its loss and samples the first one's, unless a training batch
+  came since: then it is the step's last micro-batch (Lightning's accumulation runs it in
+  the closure). An optimizer step with no backward before
   it (gradients set by hand, torch.func) is a step too. A step that saw no batch and no
   forward (a layer's `forward` called directly on a batch fetched once) trains on the
   data the loop holds: its samples are the last step's.
@@ -52,6 +54,7 @@ class Steps:
         self._joined_saw = True         # the step a second optimizer joined saw samples
         self.in_step = False            # inside an optimizer's step: a backward is its closure's
         self._lead = None               # the first optimizer to step
+        self.lr = None                  # the lr its last step ran with (its scheduler steps after)
         self._stepped = []              # ids of the optimizers that stepped in this step, in order
         self._per_step = 1              # the optimizers that step in one step of the loop
         self._optimizers = weakref.WeakSet()
@@ -62,6 +65,22 @@ class Steps:
         patches.keep(register_optimizer_step_pre_hook(self._before_step).remove)
         patches.keep(register_optimizer_step_post_hook(self._after_step).remove)
         patches.patch(torch.optim.Optimizer, "state_dict", self._wrap_state_dict)
+
+    def hook_other_optimizer(self, cls) -> None:
+        """A framework's own optimizer class (fastai's, not a torch.optim one: torch's
+        global hooks never see its step): its `step` calls the same two hooks, for the
+        watch only. Its param_groups give the lr; its kernel stays its own."""
+        part = self
+
+        def wrap(original):
+            @functools.wraps(original)
+            def step(optimizer, *args, **kwargs):
+                part._before_step(optimizer, args, kwargs)
+                result = original(optimizer, *args, **kwargs)
+                part._after_step(optimizer, args, kwargs)
+                return result
+            return step
+        self.edge.patches.patch(cls, "step", wrap)
 
     # -- optimizer steps ------------------------------------------------------------------
     def _before_step(self, optimizer, args, kwargs) -> None:
@@ -108,6 +127,8 @@ class Steps:
         if self._lead is None:
             self._lead, self.hand = optimizer, None
             self._describe()
+        if optimizer is self._lead:
+            self.lr = optimizer.param_groups[0]["lr"]
         if not tally.trained:   # no backward: the step is the only sign of training
             self._first_sign(optimizer.param_groups[0]["params"][0].device)
         key, stepped = id(optimizer), self._stepped
@@ -159,8 +180,8 @@ class Steps:
         seen = interval.samples - interval.samples_done
         if seen:
             self._samples_last = seen
-        else:   # no batch, no forward seen: the data the loop holds, the last step's
-            interval.add_samples(self._samples_last)
+        elif not tally.ahead:   # no batch, no forward seen: the data the loop holds, the
+            interval.add_samples(self._samples_last)   # last step's (not a batch held back)
         batches, backwards = tally.close()
         self.between.step_ended()
         run.advance(batches or backwards or 1)
