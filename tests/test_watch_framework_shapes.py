@@ -150,3 +150,17 @@ def test_what_the_loop_does_after_its_last_step_is_no_steps_time():
     assert record["interval_s"] < 0.4, record["interval_s"]   # the steps take milliseconds
     your_code = {row["part"]: row["seconds"] for row in run.gaps()}["your code"]
     assert your_code >= 0.5   # run.gaps() has it
+
+
+def test_reads_after_the_optimizers_step_are_counted_for_the_step_that_made_them():
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with nt.watch(log_every=5, **QUIET) as run:
+        for x, y in regression(n=8 * 15):
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            print(f"{loss.item():.3f} {loss.item():.3f}", end="\r")   # two reads after the step
+    assert run.step == 15 and run.summary()["host_reads_per_step"] == 2

@@ -248,6 +248,12 @@ class Interval:
         """Add `n` to a per-interval counter; its record has `<name>_per_step`."""
         self.counts[name] = self.counts.get(name, 0) + n
 
+    def count_in_last(self, name: str, n: int) -> None:
+        """Add `n` to the counter of the interval closed last, its record not emitted yet
+        (nt.watch: the host reads after a loop's last step, which are that step's)."""
+        if self._ended is not None:
+            self._ended.counts[name] = self._ended.counts.get(name, 0) + n
+
     def end_step(self) -> None:
         if self.timer.marks_steps:
             self.timer.step_done(self.data_wait_s - self._waited_before_step)

@@ -163,14 +163,20 @@ class Records:
         loop did after it (a sampling, a plot, a last evaluation) is no step's time, and
         run.gaps() has it. The lr is the one that step ran with (`lr`): a scheduler may
         have stepped after it."""
-        if self.edge.interval.steps:
+        interval = self.edge.interval
+        if interval.steps:
             self.log(lr=lr, at=ended_at)
+        elif self._read_patches:   # the last step ended a record: its reads after it are its
+            interval.count_in_last("host_reads", sum(self._host_reads.values()))
         self.flush(until=ended_at)
 
     def flush(self, until=None) -> None:
         """The last record; a loop shorter than READS_COUNTED_FOR steps: its table of host
-        reads, from the steps it made."""
+        reads, from the steps it made, those after its last step counted as that step's (a
+        loop reads its loss after optimizer.step())."""
         if self._read_patches:
+            if self._reads_counted:
+                self._reads_counted[-1][0].update(self._host_reads)
             self._stop_counting_reads()
         flush_interval(self.edge.run, self.edge.interval, until)
 
