@@ -62,7 +62,9 @@ def test_hugging_face_trainer_counted_and_logged_as_it_logs(tmp_path, accumulate
     assert [r["lr"] for r in records] == pytest.approx([h["learning_rate"] for h in logged])
     assert [r["loss"] for r in records] == pytest.approx([h["loss"] for h in logged], rel=1e-4)
     assert run.model is trainer.model
-    assert "loop you wrote" not in run.summary_text()
+    text = run.summary_text()
+    assert "loop you wrote" not in text
+    assert "Hugging Face Trainer's code" in text and "your code" not in text   # between steps
     assert ("step_loss" in run.resolved) == (accumulate > 1)   # said where it is a sum
 
 

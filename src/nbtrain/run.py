@@ -573,7 +573,7 @@ def summary_table(run) -> str:
         rows.append(("time split", f"data wait {s['data_wait_frac']:.0%}, copy "
                                    f"{s['copy_frac']:.0%}, compute {s['compute_frac']:.0%}"))
         rows.append(("diagnosis", s["diagnosis"]))
-    between = between_words(run.gaps())
+    between = between_words(run.gaps(), _framework_name(run.resolved))
     if between != "-":
         rows.append(("between steps", between))
     if s["message"]:
@@ -585,3 +585,10 @@ def summary_table(run) -> str:
     lines += [f"{name:<{width}}{plain(value):<10} {s['reasons'][name]}"
               for name, value in s["settings"].items()]
     return "\n".join(lines)
+
+
+def _framework_name(resolved: dict) -> str:
+    """The framework whose loop a watched run is, "" for any other run."""
+    from .auto.frameworks import framework_of
+    framework = framework_of(resolved)
+    return framework.name if framework else ""

@@ -47,9 +47,12 @@ class Gaps:
                 for part, seconds in rows]
 
 
-def between_words(rows: List[dict]) -> str:
+def between_words(rows: List[dict], loop: str = "") -> str:
     """The parts between steps that took at least 1% of the wall time, largest first, in
-    words ("evaluation 31%, your code 12%"); "-" for none."""
+    words ("evaluation 31%, your code 12%"); "-" for none. `loop`: the framework whose loop
+    ran, whose own code (its logging, callbacks, and yours) is then what "your code" is."""
     named = sorted((row for row in rows if row["part"] != "steps" and row["share"] >= 0.01),
                    key=lambda row: -row["share"])
-    return ", ".join(f"{row['part']} {row['share']:.0%}" for row in named) or "-"
+    own = f"{loop}'s code" if loop else "your code"
+    return ", ".join(f"{own if row['part'] == 'your code' else row['part']} {row['share']:.0%}"
+                     for row in named) or "-"

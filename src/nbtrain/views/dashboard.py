@@ -451,7 +451,10 @@ TABLE_HEAD = ("run", "settings", "state", "steps", "samples/s", "MFU", "peak mem
 def _between_text(run) -> str:
     """run.gaps() in a cell ("-" for a Run from elsewhere, which may have none)."""
     gaps = getattr(run, "gaps", None)
-    return between_words(gaps()) if gaps else "-"
+    if not gaps:
+        return "-"
+    framework = frameworks.framework_of(getattr(run, "resolved", {}))
+    return between_words(gaps(), framework.name if framework else "")
 
 
 def _where_text(run) -> str:
