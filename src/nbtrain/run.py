@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 from .auto.compiling import warmup_split
 from .auto.rates import percent, rate_fields
 from .config import TrainConfig
-from .tables import Table, plain
+from .tables import Table, plain, setting
 from .telemetry.gaps import PARTS, Gaps, between_words
 
 STATES = ("created", "running", "finished", "stopped", "interrupted", "failed")
@@ -582,7 +582,7 @@ def summary_table(run) -> str:
     lines = [f"{k:<{width}}{v}" for k, v in rows]
     lines.append("")
     # a value wider than its column keeps a space before its reason
-    lines += [f"{name:<{width}}{plain(value):<10} {s['reasons'][name]}"
+    lines += [f"{name:<{width}}{setting(name, value):<10} {s['reasons'][name]}"
               for name, value in s["settings"].items()]
     return "\n".join(lines)
 
