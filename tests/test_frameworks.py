@@ -250,3 +250,22 @@ def test_fasttrain_on_a_cell_that_calls_trainer_fit_watches_lightnings_loop(caps
         for name in set(ip.user_ns) - set(ip.user_ns_hidden):
             if not name.startswith("__"):
                 del ip.user_ns[name]
+
+
+def test_timms_prefetch_loader_gives_each_step_its_own_batch():
+    needs("timm")
+    from timm.data.loader import PrefetchLoader   # reads the next batch before handing one over
+    gen = torch.Generator().manual_seed(0)
+    base = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(
+        torch.randn(512, 3, 8, 8, generator=gen), torch.randint(0, 4, (512,), generator=gen)),
+        batch_size=32)
+    loader = PrefetchLoader(base, device=torch.device("cpu"), mean=(0.5,) * 3, std=(0.5,) * 3)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(192, 4))
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    with nt.watch(optimize=False, log_every=10, **QUIET) as run:
+        for _ in range(2):
+            for x, y in loader:
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+    assert run.step == 32 and [r["samples"] for r in run.records("train")] == [320] * 3 + [64]
