@@ -1,7 +1,8 @@
-"""Live charts of training runs: throughput, step-time split, memory, LR and loss.
+"""Live charts of training runs: throughput, step-time split, memory, LR and loss, and
+beside them bars of where the time and memory go (run.gaps(), run.peak(), run.modules()).
 
     run = nt.fit(model, (x, y), loss_fn, config=cfg, background=True)
-    nt.Dashboard(run)          # in a notebook: five live charts and a runs table
+    nt.Dashboard(run)          # in a notebook: eight live charts and a runs table
 
 Three parts, so that a slow chart can never slow the loop:
 
@@ -11,7 +12,8 @@ Three parts, so that a slow chart can never slow the loop:
 - `PlotlyRenderer` decides *how*: one FigureWidget, every change in one `batch_update`.
 
 The drawing thread drains the inbox into `Decimated` buffers (a fixed number of points
-per run, however long it trains) under the one lock that also guards the figure.
+per run, however long it trains) under the one lock that also guards the figure, and reads
+each changed run's tables once (`Slot.read_tables`) for its bars and its row of the table.
 """
 from __future__ import annotations
 
@@ -43,7 +45,11 @@ from .series import (
     TRAIN_FIELDS,
     VAL_FIELDS,
     Decimated,
+    Stack,
+    gap_stack,
+    module_stack,
     number,
+    peak_stack,
     planned_lr,
     train_row,
 )
@@ -89,13 +95,19 @@ class Slot:
     peak_cuda_mb: float = math.nan
     last_train: Optional[dict] = None
     last_val: Optional[dict] = None
+    window_due: bool = True            # run.modules() and run.peak() to read again
+    modules: Optional[object] = None   # the tables as last read (read_tables)
+    peak: Optional[object] = None
+    gaps: List[dict] = field(default_factory=list)
 
     def take(self, record: dict) -> None:
         """Fold one record in; records already seen (a resumed run's copied history) are skipped."""
         kind = record.get("kind")
-        if kind == "end":
-            self.ended = True
-            self.dirty = True
+        if kind == "modules":   # a window measured (or failed): run.modules() and peak() changed
+            self.window_due = self.dirty = True
+            return
+        if kind == "end":   # the tables' note ("not measured yet") changes with it too
+            self.ended = self.window_due = self.dirty = True
             return
         if kind not in self.last_step or record.get("step", -1) <= self.last_step[kind]:
             return
@@ -129,15 +141,25 @@ class Slot:
                     out[(name, column)] = (cols["step"], y)
         return out
 
+    def read_tables(self) -> None:
+        """Read the run's tables, each once: run.gaps() at every redraw of the run (its
+        clock runs), run.modules() and run.peak() only when a window's record or the end
+        came (nothing else changes them; they scan the history). The bars and the runs
+        table draw from what was read. A Run from elsewhere may have none of them."""
+        run = self.run
+        if self.window_due and hasattr(run, "modules"):
+            self.modules, self.peak = run.modules(), run.peak()
+        self.window_due = False
+        gaps = getattr(run, "gaps", None)
+        self.gaps = gaps() if gaps else []
 
-
-
-
-
-
-
-
-
+    def stacks(self) -> Dict[str, Stack]:
+        """The bars of the tables read: chart -> Stack."""
+        out = {"gaps": gap_stack(self.gaps, self.label)} if self.gaps else {}
+        if self.modules is not None:
+            out["modules"] = module_stack(self.modules)
+            out["peak"] = peak_stack(self.peak, self.label)
+        return out
 
 
 # -- the dashboard --------------------------------------------------------------------------
@@ -149,6 +171,9 @@ class Dashboard:
     >>> dash.add(other_run)             # a second run, side by side
 
     Also `nt.fit(..., progress=nt.Dashboard)`: the charts of a blocking fit.
+    Beside the step time, the memory and the loss stand bars of each run's tables: its
+    wall time by part (run.gaps()), its memory peak's parts (run.peak()) and its top
+    modules' forward and backward (run.modules()), or a note of why there are none yet.
     Updates are throttled (`interval` seconds), batched, and bounded (`max_points` per
     trace); training never waits for a chart. In a script nothing is shown and nothing
     waits; the text repr is stable.
@@ -304,7 +329,7 @@ class Dashboard:
         if old is not None:
             if old.subscriber is not None:
                 old.run.unsubscribe(old.subscriber)
-            old.run, old.ended, old.dirty = run, False, True
+            old.run, old.ended, old.dirty, old.window_due = run, False, True, True
             return old
         n = len(self.slots)
         slot = Slot(label or f"run {n + 1}", PALETTE[n % len(PALETTE)], run,
@@ -329,6 +354,8 @@ class Dashboard:
             if slot.run is run:   # not the late "end" of a run that was since resumed
                 slot.take(record)
         changed = [s for s in self.slots if s.dirty]
+        for slot in changed:
+            slot.read_tables()
         self.renderer.draw(changed, self._preview)
         self._preview = UNCHANGED
         if changed:
@@ -441,7 +468,8 @@ def _table_row(slot: Slot) -> List[str]:
             formatted(slot.samples_per_s, ",.0f"), formatted(last.get("mfu"), ".1%"),   # flops.py
             peak, formatted(last.get("loss"), ".4g"),
             formatted(val.get("val_loss"), ".4g"), formatted(val.get("val_acc"), ".1%"),
-            html.escape(_between_text(run)), html.escape(_where_text(run))]
+            html.escape(_between_words(run, slot.gaps)),
+            html.escape(_where_words(slot.modules, slot.peak))]
 
 
 TABLE_HEAD = ("run", "settings", "state", "steps", "samples/s", "MFU", "peak memory MB",
@@ -449,22 +477,32 @@ TABLE_HEAD = ("run", "settings", "state", "steps", "samples/s", "MFU", "peak mem
 
 
 def _between_text(run) -> str:
-    """run.gaps() in a cell ("-" for a Run from elsewhere, which may have none)."""
+    """run.gaps() in a cell, read now ("-" for a Run from elsewhere, which may have none)."""
     gaps = getattr(run, "gaps", None)
-    if not gaps:
+    return _between_words(run, gaps()) if gaps else "-"
+
+
+def _between_words(run, rows: List[dict]) -> str:
+    """The gaps' `rows` of `run` in words: the parts between steps, largest first."""
+    if not rows:
         return "-"
     framework = frameworks.framework_of(getattr(run, "resolved", {}))
-    return between_words(gaps(), framework.name if framework else "")
+    return between_words(rows, framework.name if framework else "")
 
 
 def _where_text(run) -> str:
-    """The slowest layer and the peak's largest part, once a window measured them
-    (run.modules(), run.peak()); "-" before, or for a Run from elsewhere."""
+    """run.modules() and run.peak() in a cell, read now ("-" for a Run from elsewhere)."""
     if not hasattr(run, "modules"):
         return "-"
-    rows, peak = run.modules(), run.peak()
-    if not rows:
+    return _where_words(run.modules(), run.peak())
+
+
+def _where_words(modules, peak) -> str:
+    """The slowest layer and the peak's largest part, once a window measured them; "-"
+    before (or with no tables read)."""
+    if not modules:
         return "-"
+    rows = list(modules)
     top = peak.parts[0] if peak.parts else None
     held = f"; peak {top.part}'s {top.kind} {top.bytes / 2**20:.1f} MiB" \
         if top is not None and top.kind == "activations" else \

@@ -1,10 +1,10 @@
-"""What the charts hold: bounded series of a run's records, the planned LR curve, and
-axes fitted to the values. Plain numpy: no plotly here, so tests and the HTML report
-use them without a widget."""
+"""What the charts hold: bounded series of a run's records, the planned LR curve, the
+stacked bars of its tables (run.modules(), run.gaps(), run.peak()), and axes fitted to the
+values. Plain numpy: no plotly here, so tests and the HTML report use them without a widget."""
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -19,6 +19,10 @@ MIN_LOG_SPAN = 0.7   # decades: 1-2-5 ticks are at most 0.4 apart, so two always
 TRAIN_FIELDS = ("step", "samples_per_s", "data_wait_s", "copy_s", "compute_s", "rss_mb",
                 "cuda_allocated_mb", "cuda_reserved_mb", "nvml_used_mb", "lr", "loss")
 VAL_FIELDS = ("step", "val_loss")
+
+TOP_MODULES = 8   # bars of the modules chart: the layers that take the step, each readable
+TOP_PARTS = 7     # segments of the peak's bar; the parts after them are one, "the rest"
+MB = 2 ** 20      # as the records' *_mb fields (telemetry/sampling.py)
 
 
 def number(value) -> float:
@@ -78,6 +82,60 @@ def train_row(record: dict) -> tuple:
         wait = 0.0 if math.isnan(values["data_wait_s"]) else values["data_wait_s"]
         values["compute_s"] = max(record["step_time_s"] - wait - copy, 0.0)
     return tuple(values[name] for name in TRAIN_FIELDS)
+
+
+# -- stacked bars of a run's tables ---------------------------------------------------------------
+class Stack(NamedTuple):
+    """Stacked bars, segment by segment: segment i is `size[i]` long from `base[i]` on the
+    bar named `bar[i]`; it is `part[i]` and is shaded as a `kind[i]`. No segments: `note`
+    says why (the table's note).
+
+    >>> bars = gap_stack([{"part": "steps", "seconds": 3.0}, {"part": "saving", "seconds": 1.0}],
+    ...                  "run 1")
+    >>> bars.bar, bars.part, bars.base
+    (('run 1', 'run 1'), ('steps', 'saving'), (0.0, 3.0))
+    """
+    bar: Tuple[str, ...] = ()
+    part: Tuple[str, ...] = ()
+    kind: Tuple[str, ...] = ()
+    size: Tuple[float, ...] = ()
+    base: Tuple[float, ...] = ()
+    note: str = ""
+
+
+def _stacked(bar: str, parts: List[Tuple[str, str, float]]) -> Stack:
+    """One bar of (part, kind, size) segments, each on the ones before it."""
+    sizes = [size for _, _, size in parts]
+    bases = np.concatenate([[0.0], np.cumsum(sizes)[:-1]]) if parts else ()
+    return Stack((bar,) * len(parts), tuple(p for p, _, _ in parts), tuple(k for _, k, _ in parts),
+                 tuple(sizes), tuple(float(b) for b in bases))
+
+
+def module_stack(table) -> Stack:
+    """run.modules()' top rows: a bar per module (as named_modules() names it; the model
+    itself "(the model)"), its forward in ms a step, its backward stacked on it."""
+    rows = list(table)[:TOP_MODULES]
+    names = tuple(row.name or "(the model)" for row in rows)
+    forward = tuple(row.forward_s * 1e3 for row in rows)
+    n = len(rows)
+    return Stack(names * 2, ("forward",) * n + ("backward",) * n,
+                 ("forward",) * n + ("backward",) * n,
+                 forward + tuple(row.backward_s * 1e3 for row in rows), (0.0,) * n + forward,
+                 "" if rows else table.note)
+
+
+def gap_stack(rows: List[dict], bar: str) -> Stack:
+    """run.gaps() as one bar, in seconds: the steps, then each part between them."""
+    return _stacked(bar, [(row["part"], row["part"], row["seconds"]) for row in rows])
+
+
+def peak_stack(peak, bar: str) -> Stack:
+    """run.peak() as one bar, in MB: its largest parts (a module's saved activations
+    named by the module), the others summed as "the rest"; parts of no bytes left out."""
+    parts = [(p.part or "(the model)", p.kind, p.bytes / MB) for p in peak.parts if p.bytes]
+    rest = sum(size for _, _, size in parts[TOP_PARTS:])
+    parts = parts[:TOP_PARTS] + ([("the rest", "other", rest)] if rest else [])
+    return _stacked(bar, parts)._replace(note="" if parts else peak.parts.note)
 
 
 def planned_lr(config, total_steps: int, max_points: int = MAX_POINTS,
