@@ -1,12 +1,19 @@
 """What nt.watch adds to a step, in microseconds: a loop whose step is almost nothing.
 
-    python bench/watch_cost.py [--repeats 21] [--steps 1000]
+    python bench/watch_cost.py [--repeats 21] [--steps 1000] [--case loader|direct]
 
-The step is a 4-weight linear over a DataLoader of 64-row batches (backward, SGD), so
-what a watch adds is not hidden in the model's work. Each call times the steps after
-the first 200 (a watch's steady state: host reads and kept losses are looked for over
-its first 30), with the CPU time of the thread (torch on 1 thread), which a preempted
-call does not charge; the ways are interleaved, the order rotating (bench/rounds.py).
+Two loops whose step is almost nothing, so that what a watch adds is not hidden in the
+model's work: "loader", a 4-weight linear over a DataLoader of 64-row batches (backward,
+SGD); "direct", a 4-to-1 `nn.Linear` whose 64-row batches the loop slices from a tensor
+itself (no DataLoader: a step found by the model's forward, as in a DQN's replay step).
+Each call times the steps after the first 200 (a watch's steady state: host reads and
+kept losses are looked for over its first 30), with the CPU time of the thread (torch on
+1 thread), which a preempted call does not charge; the ways are interleaved, the order
+rotating (bench/rounds.py). nbtrain's cache is a new empty folder (NBTRAIN_CACHE_DIR), as
+on a machine's first runs: the watch's defaults count the FLOPs of a step and leave the
+peak's probe pending (1 s of GEMMs, affordable only after 20 s of a run), so
+"nt.watch(optimize=False)" is what a user's short loop pays until the peak is known;
+the `count_flops=False` rows leave both out.
 Printed: the median µs a step of each way, and the median of the per-round differences
 to the loop as written, with their quartiles; then the Python bytecodes a watch adds to a
 step, counted (the same on every run), and where they run.
@@ -21,8 +28,10 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -32,28 +41,85 @@ import nbtrain as nt
 from nbtrain.machine import machine_line
 from rounds import interleaved   # bench/rounds.py
 
-
-def the_loop(loader, weight, opt, skip: int) -> float:
-    """CPU seconds a step after the first `skip` steps."""
-    start = None
-    for i, (xb,) in enumerate(loader):
-        if i == skip:
-            start = time.thread_time()
-        opt.zero_grad()
-        loss = (weight * xb).sum()
-        loss.backward()
-        opt.step()
-    return (time.thread_time() - start) / (len(loader) - skip)
+SKIP = 200   # the steps not timed: a watch's first ones
 
 
+class LoaderLoop:
+    """A 4-weight linear over a DataLoader."""
+    name = "loader"
+
+    def __init__(self, steps: int):
+        self.weight = torch.zeros(4, requires_grad=True)
+        self.opt = torch.optim.SGD([self.weight], 0.1)
+        self.loader = DataLoader(TensorDataset(torch.randn(64 * steps, 4)), batch_size=64)
+
+    def steps(self, trace=None):
+        """Run the loop; CPU seconds a step after the first SKIP (`trace`: (first, last,
+        on, off), the tracer switched on at step `first` and off after step `last`)."""
+        weight, opt, start, n = self.weight, self.opt, None, len(self.loader)
+        for i, (xb,) in enumerate(self.loader):
+            if i == SKIP:
+                start = time.thread_time()
+            if trace and i == trace[0]:
+                trace[2]()
+            opt.zero_grad()
+            loss = (weight * xb).sum()
+            loss.backward()
+            opt.step()
+            if trace and i == trace[1] - 1:
+                trace[3]()
+        return (time.thread_time() - start) / (n - SKIP)
+
+
+class DirectLoop:
+    """A 4-to-1 nn.Linear, its batches sliced from a tensor by the loop (no DataLoader)."""
+    name = "direct"
+
+    def __init__(self, steps: int):
+        self.model = torch.nn.Linear(4, 1)
+        self.opt = torch.optim.SGD(self.model.parameters(), 0.1)
+        self.data = torch.randn(steps, 64, 4)
+
+    def steps(self, trace=None):
+        model, opt, data, start = self.model, self.opt, self.data, None
+        for i in range(len(data)):
+            if i == SKIP:
+                start = time.thread_time()
+            if trace and i == trace[0]:
+                trace[2]()
+            xb = data[i]
+            opt.zero_grad()
+            loss = model(xb).sum()
+            loss.backward()
+            opt.step()
+            if trace and i == trace[1] - 1:
+                trace[3]()
+        return (time.thread_time() - start) / (len(data) - SKIP)
+
+
+LOOPS = {"loader": LoaderLoop, "direct": DirectLoop}
+# per case: way -> the watch's settings (None: as written)
 WAYS = {
-    "as written": None,
-    "nt.watch(optimize=False)": dict(log_every=10),
-    "nt.watch(optimize=False, log_every=1000000)": dict(log_every=10 ** 6),
+    "loader": {
+        "as written": None,
+        "nt.watch(optimize=False)": dict(log_every=10),
+        "nt.watch(optimize=False, count_flops=False)": dict(log_every=10, count_flops=False),
+        "nt.watch(optimize=False, count_flops=False, log_every=1000000)":
+            dict(log_every=10 ** 6, count_flops=False),
+    },
+    "direct": {
+        "as written": None,
+        "nt.watch(optimize=False)": dict(log_every=10),
+        "nt.watch(optimize=False, count_flops=False)": dict(log_every=10, count_flops=False),
+    },
 }
 
 
-def bytecodes_a_step(loader, weight, opt, watched: bool, steps=(200, 400)) -> collections.Counter:
+def watched(settings):
+    return nt.watch(optimize=False, progress=False, **settings)
+
+
+def bytecodes_a_step(loop, settings, steps=(SKIP, 2 * SKIP)) -> collections.Counter:
     """{(file, function): Python bytecodes a step} over `steps` of the loop, counted by an
     opcode trace: the Python a watch adds, which no noise blurs (its time is what the
     table measures)."""
@@ -66,58 +132,42 @@ def bytecodes_a_step(loader, weight, opt, watched: bool, steps=(200, 400)) -> co
             counts[code.co_filename.rsplit("/", 1)[-1], code.co_name] += 1
         return trace
 
-    def loop():
-        for i, (xb,) in enumerate(loader):
-            if i == steps[0]:
-                sys.settrace(trace)
-            opt.zero_grad()
-            loss = (weight * xb).sum()
-            loss.backward()
-            opt.step()
-            if i == steps[1] - 1:
-                sys.settrace(None)
-    if watched:
-        with nt.watch(optimize=False, progress=False, count_flops=False, log_every=10):
-            loop()
+    switches = (steps[0], steps[1], lambda: sys.settrace(trace), lambda: sys.settrace(None))
+    if settings is None:
+        loop.steps(switches)
     else:
-        loop()
+        with watched(settings):
+            loop.steps(switches)
     n = steps[1] - steps[0]
     return collections.Counter({key: c / n for key, c in counts.items()})
 
 
-def print_bytecodes(loader, weight, opt) -> None:
-    plain = bytecodes_a_step(loader, weight, opt, watched=False)
-    watched = bytecodes_a_step(loader, weight, opt, watched=True)
-    added = watched.copy()
+def print_bytecodes(loop, settings, way: str) -> None:
+    plain = bytecodes_a_step(loop, None)
+    seen = bytecodes_a_step(loop, settings)
+    added = seen.copy()
     added.subtract(plain)
-    print(f"\nPython bytecodes a step (opcode trace, steps 200-400): as written "
-          f"{sum(plain.values()):.0f}, watched {sum(watched.values()):.0f} "
-          f"({sum(added.values()):+.0f}); the most added:")
+    print(f"\n{loop.name}, {way}: Python bytecodes a step (opcode trace, steps "
+          f"{SKIP}-{2 * SKIP}): as written {sum(plain.values()):.0f}, watched "
+          f"{sum(seen.values()):.0f} ({sum(added.values()):+.0f}); the most added:")
     for (file, function), n in added.most_common(8):
         print(f"  {n:+6.1f}  {file}:{function}")
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=21)
-    parser.add_argument("--steps", type=int, default=1000)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    weight = torch.zeros(4, requires_grad=True)
-    opt = torch.optim.SGD([weight], 0.1)
-    loader = DataLoader(TensorDataset(torch.randn(64 * args.steps, 4)), batch_size=64)
+def run_case(case: str, steps: int, repeats: int) -> None:
+    loop, ways = LOOPS[case](steps), WAYS[case]
 
     def measure_one(name) -> float:
-        settings = WAYS[name]
+        settings = ways[name]
         if settings is None:
-            return the_loop(loader, weight, opt, 200)
-        with nt.watch(optimize=False, progress=False, count_flops=False, **settings):
-            return the_loop(loader, weight, opt, 200)
-    for name in WAYS:   # warm-up
+            return loop.steps()
+        with watched(settings):
+            return loop.steps()
+    for name in ways:   # warm-up
         measure_one(name)
-    times = interleaved(list(WAYS), args.repeats, measure_one)
-    print(f"{machine_line()}\nmedian of {args.repeats} interleaved calls, CPU time of steps "
-          f"200-{args.steps} (torch on 1 thread)\n")
+    times = interleaved(list(ways), repeats, measure_one)
+    print(f"\n{case}: median of {repeats} interleaved calls, CPU time of steps "
+          f"{SKIP}-{steps} (torch on 1 thread)\n")
     print("| way | µs/step | added µs/step | quartiles |\n|---|---:|---:|---:|")
     base = times["as written"]
     for name, values in times.items():
@@ -126,7 +176,22 @@ def main(argv=None) -> None:
         extra = "" if name == "as written" else \
             f"{statistics.median(added) * 1e6:+.1f} | {q1 * 1e6:+.1f} to {q3 * 1e6:+.1f}"
         print(f"| {name} | {statistics.median(values) * 1e6:.1f} | {extra or ' | '} |")
-    print_bytecodes(loader, weight, opt)
+    for way in ("nt.watch(optimize=False, count_flops=False)", "nt.watch(optimize=False)"):
+        print_bytecodes(loop, ways[way], way)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--case", choices=sorted(LOOPS), action="append",
+                        help="the loop(s) to time (default: both)")
+    args = parser.parse_args(argv)
+    os.environ["NBTRAIN_CACHE_DIR"] = tempfile.mkdtemp(prefix="watch_cost_")   # no peak known
+    torch.set_num_threads(1)
+    print(machine_line())
+    for case in args.case or list(LOOPS):
+        run_case(case, args.steps, args.repeats)
 
 
 if __name__ == "__main__":

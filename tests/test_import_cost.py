@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import torch
+
 import nbtrain as nt
 
 HEAVY = ["nbtrain.entry", "nbtrain.train.loop", "nbtrain.tools.autotune", "nbtrain.tools.compare",
@@ -73,3 +75,96 @@ def test_the_progress_bar_reaches_the_entry_however_it_is_imported():
         handed = _fresh(f"import json\n{first}\nfrom nbtrain import entry\n"
                         f"print(json.dumps(entry._progress_bar['attach'] is not None))")
         assert handed, first
+
+
+# -- the first watch's loads, and its steps, cost the program nothing it would not pay ------------
+def test_nbtrain_loads_its_modules_without_a_collection_of_the_program():
+    """The ~50 modules a watch's first use loads are made with the collector paused (each
+    700 of their objects would be one young collection of the program's, and every ~100
+    of those a full one): one collection at most, whichever the program's schedule has
+    come to, where there were ~8; and the collector is left as the program had it."""
+    def first_watch(collector: str) -> list:
+        """[whether the collector runs after, the collections while nt.watch loads]."""
+        return _fresh("import gc, json, torch\n"
+                      f"gc.{collector}()\n"
+                      "seen = []\n"
+                      "gc.callbacks.append(lambda phase, info: seen.append(phase))\n"
+                      "import nbtrain as nt\n"
+                      "nt.watch   # its first use: entry, the watcher, the Run, the config\n"
+                      "made = [[] for _ in range(10)]   # the first objects after it\n"
+                      "print(json.dumps([gc.isenabled(), seen.count('start')]))")
+    assert first_watch("disable") == [False, 0]   # the program's collector off: left off
+    on, collections = first_watch("enable")
+    assert on is True and collections <= 1
+
+
+def _direct_loop(steps: int, at=None):
+    """A DQN's shape of step: a tiny model, batches the loop slices itself (no DataLoader);
+    `at(i)` before each step."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    data = torch.randn(steps, 16, 4)
+    for i in range(steps):
+        if at:
+            at(i)
+        opt.zero_grad()
+        model(data[i]).pow(2).mean().backward()
+        opt.step()
+
+
+def test_a_watched_step_reads_no_file_while_the_peak_probe_waits(monkeypatch, tmp_path):
+    """On a machine whose peak is not known yet (no cache file), the probe (1 s) waits for
+    20 s of the run: whether it is known is asked once a watch, and no step's end looks
+    for the file (it did, every step: 40 µs of a DQN's 0.5 ms step)."""
+    import builtins
+    import io
+    import os
+    import threading
+
+    from nbtrain.auto import flops
+    monkeypatch.setenv("NBTRAIN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(flops, "_PROBED", {})
+    asked, touched, window = [], [], {"open": False}
+    known = flops.peak_known
+    monkeypatch.setattr(flops, "peak_known", lambda *a: asked.append(a) or known(*a))
+    main = threading.main_thread()
+
+    def counting(name, fn):
+        def call(*args, **kwargs):
+            if window["open"] and threading.current_thread() is main:
+                touched.append((name, args[:1]))
+            return fn(*args, **kwargs)
+        return call
+    for module, name in ((builtins, "open"), (io, "open"), (os, "stat"), (os, "listdir"),
+                         (os, "scandir")):
+        monkeypatch.setattr(module, name, counting(name, getattr(module, name)))
+
+    def at(i):   # the 100 steps after the peak was looked up (once the FLOPs are counted)
+        window["open"] = bool(asked)
+        if asked and window.setdefault("from", i) + 100 == i:
+            run.stop()
+    with nt.watch(optimize=False, progress=False, store=False) as run:
+        _direct_loop(20_000, at)   # the FLOP count comes when affordable: a slow machine's later
+    window["open"] = False
+    assert run.state == "stopped" and run.resolved["flops_per_step"][0]
+    assert len(asked) == 1 and touched == []
+    peak, why = run.resolved["peak_tflops"]
+    assert peak is None and why.startswith("not measured: your loop ended")
+
+
+def test_the_peak_probe_still_runs_once_it_is_affordable(monkeypatch, tmp_path):
+    """The steps that wait for the probe's budget do not look, yet it runs at the first
+    step's end that may afford it (a probe of 0.1 ms here: within a short loop)."""
+    from nbtrain.auto import flops
+    from nbtrain.watcher import measure
+    monkeypatch.setenv("NBTRAIN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(flops, "_PROBED", {})
+    monkeypatch.setattr(measure, "PEAK_PROBE_S", 1e-4)
+    monkeypatch.setattr(flops, "probe_gemm", lambda device, dtype: (0.25, 512))
+    asked = []
+    known = flops.peak_known
+    monkeypatch.setattr(flops, "peak_known", lambda *a: asked.append(a) or known(*a))
+    with nt.watch(optimize=False, progress=False, store=False) as run:
+        _direct_loop(300)
+    assert run.resolved["peak_tflops"][0] == 0.25 and len(asked) == 1

@@ -93,7 +93,7 @@ def blocks_kept(key):
 
 def test_a_short_runs_blocks_are_kept_and_the_next_run_goes_on_from_them(clock):
     first, _, key = run_loop(clock)   # 30 ms blocks: none within 2.5 ms
-    assert "before measuring cost at most 5%" in first.resolved["amp"][1]
+    assert "before measuring would have cost at most 5%" in first.resolved["amp"][1]
     second = run_loop(clock)[0]   # blocks of a step, sized by the first run's length
     amp, why = second.resolved["amp"]
     assert amp == "off" and "bf16 trial: 2 of 6 blocks measured over 1 run" in why, why
@@ -170,7 +170,7 @@ def test_blocks_measured_under_another_load_are_dropped(clock, monkeypatch):
     monkeypatch.setattr(os, "getloadavg", lambda: (3.0, 3.0, 3.0))   # others busy now
     assert blocks_kept(key) is None
     third = run_loop(clock)[0]   # anew: nothing kept, its blocks as long as a first run's
-    assert "before measuring cost at most 5%" in third.resolved["amp"][1]
+    assert "before measuring would have cost at most 5%" in third.resolved["amp"][1]
     fourth = run_loop(clock)[0]
     assert "bf16 trial: 2 of 6 blocks measured over 1 run" in fourth.resolved["amp"][1]
     assert blocks_kept(key)["load"] == 3.0

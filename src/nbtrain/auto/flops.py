@@ -245,7 +245,8 @@ def probed_peak(device: torch.device, prec: str, threads: int) -> tuple:
 
 def peak_known(device: torch.device, amp: str) -> bool:
     """Whether run_peak for a run at `amp` needs no probe: from the table (a known GPU), or
-    probed before on this machine (this process, or its file) and not stale."""
+    probed before on this machine (this process, or its file) and not stale. Where it
+    is not, it reads the cache's file: a watch asks once (watcher/measure.py), not a step."""
     precs = {precision(amp, device), conv_precision(amp, device)}
     return all(_peak_cached(device, prec, torch.get_num_threads()) for prec in precs)
 
@@ -259,8 +260,9 @@ def _peak_cached(device: torch.device, prec: str, threads: int) -> bool:
     if entry is None:
         try:
             entry = json.loads((cache_dir() / "peak" / f"{key}.json").read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError):   # not probed yet: looked for again by the next ask
             return False
+        _PROBED[key] = entry   # read once a process, as probed_peak reads it
     return not _stale(entry, device)
 
 

@@ -28,12 +28,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..auto import budget
 from ..auto.precision import (
-    MIN_BF16_GAIN,
     bf16_blocks,
     bf16_units,
     blocks_decisive,
     decide,
     drop_bf16_blocks,
+    gain_words,
     keep_bf16_blocks,
     median,
     remember_bf16_gain,
@@ -62,6 +62,8 @@ class Measure:
         self._trial_key = None     # what its blocks and gain are kept under
         self._count_key = None
         self._peak_due = False
+        self._peak_cost_s = None   # what its probe costs (0: known), looked up once a watch
+        self._quiet_until = 0.0    # only the peak left, not affordable before this time
         self._compiled = False
         self._conv_share = 0.0
 
@@ -69,6 +71,7 @@ class Measure:
         """At the model's first forward: what is to be measured on it; `key`, what a
         bf16 gain and a FLOP count depend on (auto.precision.bf16_key)."""
         resolved = self.edge.run.resolved
+        self._quiet_until = 0.0
         if bf16_trial:
             self._plan_trial(key)
         self._compiled = type(model).__name__ == "OptimizedModule"
@@ -113,6 +116,8 @@ class Measure:
         """A step ended; `by_hand`: the loop updates by hand, so a count ends with its
         backward (counted_backward) instead."""
         now = time.perf_counter()
+        if now < self._quiet_until:   # only the peak's probe is left, and it is not affordable
+            return
         if isinstance(self.count, FlopCount):
             if not by_hand:
                 self._end_flop_count(now)
@@ -150,14 +155,29 @@ class Measure:
             if self._affordable(self.modules.cost_s(step_s), now):
                 self.modules.open(now, step_s)
             return
-        if self._peak_due:
-            from ..auto import flops   # each use loads it: a watch measuring nothing never does
-            cost = 0.0 if flops.peak_known(self.edge.device, self.autocast.amp) else PEAK_PROBE_S
+        if self._peak_due:   # the last part: the amp is settled, nothing else is due
+            cost = self._peak_cost()
             if self._affordable(cost, now):
                 self._probe_peak()
+            else:   # a probe (1 s) waits for 20 s of the run: no step's end looks before then
+                self._quiet_until = self._affordable_from(cost)
+
+    def _peak_cost(self) -> float:
+        """The probe's cost, 0 where the peak is known: asked once a watch (it reads the
+        cache's file, which no step's end should)."""
+        if self._peak_cost_s is None:
+            from ..auto import flops   # each use loads it: a watch measuring nothing never does
+            known = flops.peak_known(self.edge.device, self.autocast.amp)
+            self._peak_cost_s = 0.0 if known else PEAK_PROBE_S
+        return self._peak_cost_s
 
     def _affordable(self, cost_s: float, now: float) -> bool:
         return budget.affordable(cost_s, self.measured_s, now - self.edge.started)
+
+    def _affordable_from(self, cost_s: float) -> float:
+        """The time (perf_counter's) from which `cost_s` more is affordable, while nothing
+        else is measured: budget.affordable holds once the run has run (spent + cost) / SHARE."""
+        return self.edge.started + (self.measured_s + cost_s) / budget.SHARE
 
     def _step_s(self, now: float) -> float:
         """The loop's mean time per step so far (its setup before step 1 included: an
@@ -200,8 +220,11 @@ class Measure:
         else:
             ran = time.perf_counter() - edge.started
             keep_bf16_blocks(self._trial_key, trial.kept(ran, blocks=False))
-        self.autocast.settle(amp, f"{bf16_units(edge.device)}; {why} (measured on your "
-                             f"loop's own steps {trial.steps_measured(edge.run.step)})")
+        # the next step runs in `amp`; the trial's bf16 blocks did not run as written
+        then = f"bf16 from step {edge.run.step + 1}" if keep else \
+            f"fp32 kept from step {edge.run.step + 1}{trial.ran_in_bf16('; ')}"
+        self.autocast.settle(amp, f"{bf16_units(edge.device)}; {why}, measured on your loop's "
+                             f"own steps {trial.steps_measured(edge.run.step)}: {then}")
         self._done()
 
     def _gpu_done(self, now: float) -> float:
@@ -294,11 +317,12 @@ class Measure:
         length, which sizes its blocks); what the amp's message says."""
         trial, units = self._trial, bf16_units(self.edge.device)
         keep_bf16_blocks(self._trial_key, trial.kept(ran))
+        ran_in_bf16 = trial.ran_in_bf16("; ")   # "as written" only where none did
         if not trial.pairs():
-            return (f"{units}, but {why}: fp32, as written (a re-run of this model measures "
-                    "bf16 a few blocks a run)")
+            return (f"{units}, but {why}: fp32{ran_in_bf16 or ', as written'} (a re-run of "
+                    "this model measures bf16 a few blocks a run)")
         return (f"{units}; {trial.standing()}, each run's at most {budget.words()} of it: "
-                "fp32 until it decides")
+                f"fp32 until it decides{ran_in_bf16}")
 
     def _say_what_measuring_cost(self) -> None:
         ran = max(time.perf_counter() - self.edge.started, 1e-9)
@@ -310,7 +334,8 @@ class Measure:
 
 def _ended_before(ran: float, what: str) -> str:
     """Why a measurement did not run: the loop ended before it was affordable."""
-    return f"your loop ended after {ran:.2f} s, before {what} cost at most {budget.words()} of it"
+    return (f"your loop ended after {ran:.2f} s, before {what} would have cost at most "
+            f"{budget.words()} of the time run")
 
 
 _COUNTED: dict = {}   # (architecture, device) -> (FLOPs of a step, conv share): this process
@@ -383,6 +408,7 @@ class Bf16Trial:
         self.mode = "off"
         self.warm_up = None  # this run's warm-up block's time per step
         self.first_step = 0
+        self.bf16_steps = []   # (first, last): this run's spans of steps run in bf16
         self.steps_per_block = 0
         self._unit_bf16 = []   # (time per step, steps) of the bf16 blocks not yet paid for
 
@@ -434,6 +460,7 @@ class Bf16Trial:
         self._left = blocks or len(self.ORDER) - self._next_block()
         self.mode = self.ORDER[self._next_block()]
         self.first_step = self.first_step or first_step
+        self._block_first = first_step   # the step number of the block's first step
         self._block_start, self._waited, self._done = now, waited_s, 0
 
     def ends_block(self, now: float, waited_s: float) -> bool:
@@ -452,6 +479,7 @@ class Bf16Trial:
         per_step = ((now - self._block_start) - (waited_s - self._waited)) / self._done
         if self.mode == "bf16":
             self._unit_bf16.append((per_step, self._done))
+        self._block_ran()
         if self.warm_up is None:   # the warm-up block is not compared
             self.warm_up = per_step
         else:
@@ -463,12 +491,24 @@ class Bf16Trial:
         self.mode = self.ORDER[self._next_block()]
         self._block_start, self._waited, self._done = now, waited_s, 0
 
+    def _block_ran(self) -> None:
+        """The block's `_done` steps have run: its steps kept where in bf16, the next
+        block's first step after them."""
+        first, last = self._block_first, self._block_first + self._done - 1
+        if self.mode == "bf16" and self._done:
+            if self.bf16_steps and self.bf16_steps[-1][1] == first - 1:   # (bf16, bf16): one span
+                first = self.bf16_steps.pop()[0]
+            self.bf16_steps.append((first, last))
+        self._block_first = last + 1
+
     def abandon(self, now: float, waited_s: float) -> None:
         """The loop ended in a block: a bf16 block's steps so far are paid for, nothing of
         it compared."""
         if self.running and self.mode == "bf16" and self._done:
             per_step = ((now - self._block_start) - (waited_s - self._waited)) / self._done
             self._unit_bf16.append((per_step, self._done))
+        if self.running:
+            self._block_ran()
         self.running, self.mode = False, "off"
 
     def take_extra_s(self) -> float:
@@ -485,17 +525,10 @@ class Bf16Trial:
         return median(self.per_step["off"]) / median(self.per_step["bf16"])
 
     def verdict(self):
-        """(keep bf16, the median gain, why): `decide`, with fp32 as the default (the loop as
-        written)."""
-        amp, gain, decisive, noise = decide(self.per_step["off"], self.per_step["bf16"],
-                                            "off")
-        if amp == "bf16":
-            return True, gain, f"bf16 {gain:.2f}x faster than fp32, beyond the noise of the blocks"
-        if decisive and gain >= 1:
-            return False, gain, f"bf16 only {gain:.2f}x of fp32 (less than {MIN_BF16_GAIN}x)"
-        if decisive:
-            return False, gain, f"bf16 slower: {gain:.2f}x of fp32 speed"
-        return False, gain, f"bf16 against fp32: {noise}: fp32 kept, as written"
+        """(keep bf16, the median gain, why: gain_words): `decide`, with fp32 as the default
+        (the loop as written)."""
+        verdict = decide(self.per_step["off"], self.per_step["bf16"], "off")
+        return verdict.amp == "bf16", verdict.gain, gain_words(verdict)
 
     def decisive(self) -> bool:
         return blocks_decisive(self.per_step["off"], self.per_step["bf16"])
@@ -522,6 +555,16 @@ class Bf16Trial:
         runs = self.runs()
         return (f"bf16 trial: {2 * self.pairs()} of {len(self.ORDER) - 1} blocks measured over "
                 f"{runs} run{'s' if runs != 1 else ''}")
+
+    def ran_in_bf16(self, before: str = "") -> str:
+        """`before` and which of this run's steps ran in bf16 for the trial, in words ('steps
+        5-7, 11-13 and 20' ...); '' where none did."""
+        if not self.bf16_steps:
+            return ""
+        spans = [f"{a}" if a == b else f"{a}-{b}" for a, b in self.bf16_steps]
+        listed = spans[0] if len(spans) == 1 else f"{', '.join(spans[:-1])} and {spans[-1]}"
+        many = len(spans) > 1 or self.bf16_steps[0][0] != self.bf16_steps[0][1]
+        return f"{before}step{'s' if many else ''} {listed} ran in bf16 for the trial"
 
     def steps_measured(self, last_step: int) -> str:
         """Which steps the trial measured, in words."""
