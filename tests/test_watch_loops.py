@@ -287,6 +287,10 @@ def test_the_bf16_trial_runs_on_the_loops_own_steps_and_decides(monkeypatch, tmp
                 opt.step()
             if "fp32 until then" not in run.resolved["amp"][1]:   # the trial has decided
                 break
+        # a step after the decision (the epoch may have ended on the trial's last bf16 block)
+        opt.zero_grad()
+        F.cross_entropy(model(x[:32]), y[:32]).backward()
+        opt.step()
     probe.remove()
     amp, why = run.resolved["amp"]
     assert "measured on your loop's own steps" in why, why
