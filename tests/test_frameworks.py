@@ -154,7 +154,8 @@ def test_stop_ends_lightnings_loop_at_a_step_boundary():
 
 
 # -- fastai, skorch -------------------------------------------------------------------------
-def test_fastais_own_optimizer_gives_the_steps_and_the_lr():
+def fastai_learner():
+    """A tabular learner on 640 rows made here (512 to train on, in batches of 64)."""
     needs("fastai")
     pd = needs("pandas")
     from fastai.tabular.all import Categorify, Normalize, TabularDataLoaders, tabular_learner
@@ -167,15 +168,37 @@ def test_fastais_own_optimizer_gives_the_steps_and_the_lr():
     dls = TabularDataLoaders.from_df(df, y_names="y", cat_names=["a"], cont_names=["b", "c"],
                                      procs=[Categorify, Normalize], bs=64,
                                      valid_idx=list(range(512, n)))
-    learn = tabular_learner(dls, layers=[16])
+    return tabular_learner(dls, layers=[16])
+
+
+def test_fastais_own_optimizer_gives_the_steps_and_the_lr():
+    learn = fastai_learner()
+    from fastai.data.load import DataLoader as FastaiLoader
+    its_iter = FastaiLoader.__dict__["__iter__"]
     with nt.watch(optimize=False, log_every=4, **QUIET) as run:
         with learn.no_bar(), learn.no_logging():
             learn.fit_one_cycle(2)
+    assert FastaiLoader.__dict__["__iter__"] is its_iter
     assert run.resolved["loop"][0] == "fastai"
     assert run.step == 16 and run.resolved["step"][0] == "an optimizer step"
     lrs = [r["lr"] for r in run.records("train")]
     assert all(isinstance(lr, float) and lr > 0 for lr in lrs)
     assert run.model is learn.model
+
+
+def test_fastais_own_loader_is_timed_and_its_validation_is_evaluation():
+    """fastai's DataLoader makes its batches without torch's DataLoader.__iter__: its
+    data wait, its samples, and its validation pass are still seen."""
+    learn = fastai_learner()
+    with nt.watch(optimize=False, log_every=4, **QUIET) as run:
+        with learn.no_bar(), learn.no_logging():
+            learn.fit_one_cycle(2)
+    summary = run.summary()
+    assert summary["samples"] == 2 * 512 and summary["data_wait_frac"] > 0
+    assert run.resolved["batched_fetch"] == (False, "fastai's own DataLoader: its batches "
+                                             "as it makes them")
+    assert run.resolved["num_workers"][0] == 0
+    assert "evaluation" in run.summary_text()
 
 
 def test_skorch_is_named_and_raises_no_false_alarm_of_kept_losses():

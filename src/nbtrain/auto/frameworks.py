@@ -23,6 +23,8 @@ class Framework(NamedTuple):
     compile: str          # torch.compile
     sums_micro_batches: bool = False   # divides each micro-batch's loss by its count
     optimizer: str = ""   # "module:Class" of its own optimizer, not a torch.optim one
+    loader: str = ""      # "module:Class" of its own loader, not a torch DataLoader
+    loader_workers: str = ""   # the attribute (dotted) of that loader's worker processes
 
 
 FRAMEWORKS = (   # the outermost on the stack names the loop: Trainer runs Accelerate's code
@@ -43,7 +45,8 @@ FRAMEWORKS = (   # the outermost on the stack names the loop: Trainer runs Accel
               workers="dls = ....dataloaders(..., num_workers={n})",
               batch="dls = ....dataloaders(..., bs=...) larger",
               amp="learn.to_{amp}()", compile="learn.model = torch.compile(learn.model)",
-              optimizer="fastai.optimizer:Optimizer"),
+              optimizer="fastai.optimizer:Optimizer", loader="fastai.data.load:DataLoader",
+              loader_workers="fake_l.num_workers"),
     Framework("skorch", ("skorch.",),
               workers="NeuralNet(..., iterator_train__num_workers={n}, "
                       "iterator_train__persistent_workers=True)",
@@ -94,9 +97,29 @@ def holding_module(model, frame):
 def optimizer_class(framework: Framework):
     """The framework's own optimizer class, from its module as loaded; None where it has
     none or it is not loaded (its loop is running, so its module is)."""
-    if not framework.optimizer:
+    return _loaded(framework.optimizer)
+
+
+def loader_classes() -> list:
+    """(framework, class) of each framework's own loader whose module is loaded: a
+    program builds its loaders (importing the framework) before it trains on them."""
+    found = ((framework, _loaded(framework.loader)) for framework in FRAMEWORKS)
+    return [(framework, cls) for framework, cls in found if cls is not None]
+
+
+def loader_workers(framework: Framework, loader) -> int:
+    """The worker processes the framework's own `loader` loads with."""
+    value = loader
+    for name in framework.loader_workers.split("."):
+        value = getattr(value, name, 0)
+    return value if isinstance(value, int) else 0
+
+
+def _loaded(spec: str):
+    """The class a "module:Class" names, where its module is loaded; else None."""
+    if not spec:
         return None
-    module, name = framework.optimizer.split(":")
+    module, name = spec.split(":")
     return getattr(sys.modules.get(module), name, None)
 
 

@@ -6,6 +6,7 @@ loader that waits for data. `DataLoader.__iter__` is wrapped for the watch only
 drawing what it draws from the RNG."""
 from __future__ import annotations
 
+import functools
 import time
 import weakref
 
@@ -20,7 +21,7 @@ from torch.utils.data import (
     default_collate,
 )
 
-from ..auto import budget
+from ..auto import budget, frameworks
 from ..data import shippable
 from ..data.batches import (
     batch_chunks,
@@ -58,19 +59,24 @@ class Loader:
         self._pass_started_at = 0       # the Run's step as the training loader's pass began
         self._shadows = weakref.WeakKeyDictionary()           # your loader -> one with workers
         self._shadow_iterators = weakref.WeakKeyDictionary()  # your loader -> that one's iterator
+        self._foreign = ()              # (framework, its own loader class), those loaded
 
     def install(self) -> None:
         patches = self.edge.patches
         patches.patch(DataLoader, "__iter__", self._wrap_iter)
+        # a framework's own loader (fastai's) is timed and counted alike, and left as it is
+        self._foreign = frameworks.loader_classes()
+        for _, cls in self._foreign:
+            patches.patch(cls, "__iter__", functools.partial(self._wrap_iter, foreign=True))
         patches.keep(self.stop_workers)   # undone first: before torch's iterator is back
 
-    def _wrap_iter(self, original):
+    def _wrap_iter(self, original, foreign: bool = False):
         part, edge = self, self.edge
 
         def __iter__(loader):
             if edge.inside:
                 return original(loader)
-            batches = part._timed_batches(loader, original)
+            batches = part._timed_batches(loader, original, foreign)
             if part._evaluates(loader):
                 return part.between.timed_evaluation(batches)
             return batches
@@ -85,15 +91,20 @@ class Loader:
         return tally.trained and tally.at_boundary and training is not None \
             and training is not loader
 
-    def _timed_batches(self, loader, original):
+    def _timed_batches(self, loader, original, foreign: bool):
+        """The loader's batches, timed and counted; `foreign`: a framework's own loader,
+        whose batches come as it makes them (nothing changed there)."""
         self._new_epoch(loader)
         edge, copies, measure, between = self.edge, self.copies, self.measure, self.between
         tally = edge.tally
         training = self.training() is loader
-        with workers_collect_none_of_ours():   # iter() forks the workers
-            batches = self.ranks.shard(loader) if self._sharded(loader, training) \
-                else iter(self._source(loader, original))
-        if training and copies.ahead is not None:
+        if foreign:
+            batches = iter(original(loader))
+        else:
+            with workers_collect_none_of_ours():   # iter() forks the workers
+                batches = self.ranks.shard(loader) if self._sharded(loader, training) \
+                    else iter(self._source(loader, original))
+        if training and copies.ahead is not None and not foreign:
             batches = copies.copied_ahead(batches)
         clock = time.perf_counter   # locals: they run every batch
         stop_asked = edge.stop_asked
@@ -129,7 +140,7 @@ class Loader:
                     interval.step_starts()
                 if measure.count is not None:
                     measure.step_starts()
-                if copies.pending:
+                if copies.pending and not foreign:
                     batches = copies.follow(batch, batches, loader,
                                             edge.run.resolved["batched_fetch"][0])
             elif not tally.trained:   # another loader's batch may be the first one trained on
@@ -285,6 +296,10 @@ class Loader:
         self._epoch_s = 0.0
         edge = self.edge
         resolved, cfg = edge.run.resolved, edge.run.config
+        framework = next((f for f, cls in self._foreign if isinstance(loader, cls)), None)
+        if framework is not None:
+            self._describe_foreign(loader, framework)
+            return
         resolved["num_workers"] = (loader.num_workers, AS_WRITTEN)
         self.copies.describe(loader)
         why_not, refused = _why_not_batchable(loader), edge.plan.why_not("batched_fetch")
@@ -297,6 +312,17 @@ class Loader:
                 "of a __getitem__ per sample, the same batches in the same order")
         resolved["batched_fetch"] = (possible and not refused, why)
         self.collates_tensors = possible and not resolved["batched_fetch"][0]
+
+    def _describe_foreign(self, loader, framework) -> None:
+        """A framework's own loader: its settings as they are, for its own knobs."""
+        resolved = self.edge.run.resolved
+        resolved["num_workers"] = (frameworks.loader_workers(framework, loader), AS_WRITTEN)
+        resolved["batched_fetch"] = (False, f"{framework.name}'s own DataLoader: its "
+                                     "batches as it makes them")
+        self.copies.describe(loader)
+        if self.copies.pending:
+            self.copies.none(f"{framework.name}'s own DataLoader moves its batches itself")
+        self.collates_tensors = False
 
     def _batched(self, loader) -> bool:
         return self.training() is loader and self.edge.run.resolved["batched_fetch"][0]
