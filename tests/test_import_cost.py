@@ -60,6 +60,24 @@ def test_a_watch_loads_neither_the_fit_loop_nor_the_tools_nor_what_measuring_nee
     assert loaded == [3]
 
 
+def test_a_short_loop_pays_no_first_flop_count_which_a_process_that_counted_pays_in_steps():
+    """The FLOP count's first use in a process loads torch's FLOP formulas (~5 ms): a
+    loop too short for that within the measuring budget never loads them; the same loop
+    in a process that has them counts (its steps alone are the cost)."""
+    loop = ("model = torch.nn.Linear(4, 1)\n"
+            "with nt.watch(optimize=False, progress=False, store=False) as run:\n"
+            "    for _ in range(100):\n"
+            "        model.zero_grad(); model(torch.randn(8, 4)).pow(2).mean().backward()\n"
+            "        with torch.no_grad():\n"
+            "            for p in model.parameters(): p -= 0.1 * p.grad\n"
+            "print(json.dumps([run.resolved['flops_per_step'][0], "
+            "'torch.utils.flop_counter' in sys.modules]))")
+    head = "import json, sys, torch, nbtrain as nt\n"
+    assert _fresh(head + loop) == [None, False]
+    flops, _ = _fresh(head + "import torch.utils.flop_counter\n" + loop)
+    assert flops == 2 * (2 * 8 * 4)   # the forward, and the weight's gradient (x needs none)
+
+
 def test_every_public_name_resolves_and_dir_lists_it():
     missing = _fresh("import json, nbtrain\n"
                      "print(json.dumps([n for n in nbtrain.__all__ if getattr(nbtrain, n, None) is None"

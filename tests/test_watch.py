@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import importlib
 import signal
 import threading
 
@@ -270,7 +271,9 @@ def test_a_hugging_face_style_loop_with_dict_batches():
     opt = torch.optim.AdamW(model.parameters(), 1e-3)
     batches = [{"input_ids": torch.randint(0, 50, (8, 5)), "labels": torch.randint(0, 2, (8,))}
                for _ in range(6)]
-    # amp="off": where the CPU has bf16 its trial comes first, and the count after it
+    # amp="off": where the CPU has bf16 its trial comes first, and the count after it; torch's
+    # FLOP formulas loaded, as after a process's first count: the count costs its steps alone
+    importlib.import_module("torch.utils.flop_counter")
     with nt.watch(log_every=3, amp="off", progress=False) as run:   # FLOPs of keyword inputs
         for batch in batches * 40:   # a list, not a DataLoader; long enough to count
             model(**batch).loss.backward()

@@ -4,6 +4,8 @@ time, so that measuring never makes a short run slow; a run too short for a meas
 keeps the safe choice and says so."""
 from __future__ import annotations
 
+import sys
+
 SHARE = 0.05
 
 
@@ -11,6 +13,12 @@ def affordable(cost_s: float, spent_s: float, run_s: float) -> bool:
     """Whether measuring `cost_s` more, after `spent_s` already, stays within SHARE of a run
     of `run_s` (the time run so far, or planned)."""
     return spent_s + cost_s <= SHARE * run_s
+
+
+def first_use_s(module: str, seconds: float) -> float:
+    """What a measurement's first use in a process costs beyond its steps: `seconds`
+    (loading `module` and what it imports) where `module` is not loaded yet, else 0."""
+    return 0.0 if module in sys.modules else seconds
 
 
 def words() -> str:

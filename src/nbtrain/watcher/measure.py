@@ -44,6 +44,7 @@ BLOCK_S = 0.03       # a trial block's length: many steps of a small model, a fe
 BLOCK_STEPS = 3      # at least
 UNITS_A_RUN = 3      # a short loop's block: a third of its last run's budget (warm-up, pair, room)
 COUNT_COST = 3.0     # a step under the FLOP count takes up to ~this many steps (Python per op)
+COUNT_LOAD_S = 0.005   # a process's first count loads torch.utils.flop_counter and auto/flops.py
 PEAK_PROBE_S = 1.0   # what a GEMM probe of the peak may take (flops.probe_gemm)
 
 
@@ -148,7 +149,8 @@ class Measure:
                 self.autocast.run_in(trial.mode)
             return   # the FLOPs and the peak after the trial: the peak depends on the amp
         if self._flops_wanted():
-            if self._affordable(COUNT_COST * step_s, now):
+            load_s = budget.first_use_s("torch.utils.flop_counter", COUNT_LOAD_S)
+            if self._affordable(COUNT_COST * step_s + load_s, now):
                 self.count = "due"
             return
         if self.modules.due:   # one window at a time: nothing else measured within it
@@ -354,13 +356,12 @@ class FlopCount(TorchDispatchMode):
 
     def __init__(self):
         super().__init__()
+        self.started = time.perf_counter()   # a process's first count: its loading is its cost
         from torch.utils.flop_counter import flop_registry
         self._registry = flop_registry
         self.total = self.conv = 0
-        self.started = 0.0
 
     def start(self) -> None:
-        self.started = time.perf_counter()
         self.__enter__()
 
     def stop(self) -> None:

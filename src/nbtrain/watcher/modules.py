@@ -4,7 +4,11 @@ the loop's steps timed module by module, once the measuring part finds it afford
 loaded only when a window opens: a watch that never opens one pays nothing for it."""
 from __future__ import annotations
 
+from ..auto import budget
+
+WINDOW_STEPS = 3    # the watch's window: a few steps, once
 WINDOW_COST = 2.0   # a step under the window's hooks takes up to ~this many steps (Python per leaf)
+WINDOW_LOAD_S = 0.001   # a process's first window loads telemetry/modules.py (~0.7 ms)
 
 
 class Modules:
@@ -32,13 +36,15 @@ class Modules:
         return self.window is not None
 
     def cost_s(self, step_s: float) -> float:
-        from ..telemetry.modules import WINDOW_STEPS
-        return WINDOW_STEPS * WINDOW_COST * step_s
+        """Its steps under the hooks, and its module's loading where not loaded yet (asking
+        loads nothing: a loop too short for a window never loads it)."""
+        loading = budget.first_use_s("nbtrain.telemetry.modules", WINDOW_LOAD_S)
+        return WINDOW_STEPS * WINDOW_COST * step_s + loading
 
     def open(self, now: float, step_s: float) -> None:
         from ..telemetry.modules import ModuleWindow
         edge = self.edge
-        self.window = ModuleWindow(edge.model, edge.device, edge.run.optimizer)
+        self.window = ModuleWindow(edge.model, edge.device, edge.run.optimizer, WINDOW_STEPS)
         self.window.open()
         edge.patches.keep(self.window.close)
         self.due, self._opened_at, self._step_s = False, now, step_s
