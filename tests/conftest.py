@@ -23,6 +23,24 @@ from torchvision_ops import declare_missing_ops  # noqa: E402
 declare_missing_ops()   # before transformers (tests/test_hf.py) or a program imports torchvision
 
 
+def _kernels_declare_missing_ops() -> None:
+    """The notebooks' kernels (nbval's, JupyterLab's) run the same declaration at their
+    start, from a startup file of the suite's own IPython folder (notebook 09 imports
+    transformers, which imports torchvision); the kernels inherit IPYTHONDIR."""
+    ipython_dir = tempfile.mkdtemp(prefix="nbtrain-ipython-")
+    startup = os.path.join(ipython_dir, "profile_default", "startup")
+    os.makedirs(startup)
+    corpus = str(__import__("pathlib").Path(__file__).parent / "corpus")
+    with open(os.path.join(startup, "00-torchvision-ops.py"), "w") as f:
+        f.write(f"import sys\nsys.path.insert(0, {corpus!r})\n"
+                "from torchvision_ops import declare_missing_ops\n"
+                f"declare_missing_ops()\nsys.path.remove({corpus!r})\n")
+    os.environ["IPYTHONDIR"] = ipython_dir
+
+
+_kernels_declare_missing_ops()
+
+
 @pytest.fixture(autouse=True)
 def _keep_main_module():
     """IPython's InteractiveShell (the magic's tests) puts a module without __spec__ in

@@ -36,6 +36,7 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
+from ..auto import frameworks
 from ..train.optim import apply_impl, impl_for
 
 
@@ -203,7 +204,9 @@ class Steps:
             return
         name = type(self._lead).__name__
         if self._per_step < 2:
-            resolved["step"] = ("an optimizer step", f"each step of your {name}")
+            framework = frameworks.framework_of(resolved)
+            whose = f"the {name} in {framework.name}'s loop" if framework else f"your {name}"
+            resolved["step"] = ("an optimizer step", f"each step of {whose}")
             return
         resolved["step"] = ("a training batch", (
             f"{self._per_step} optimizers step in one step of your loop: a step of the Run ends "
