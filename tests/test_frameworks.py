@@ -5,6 +5,7 @@ public examples three ways; these check what those cannot say: the framework's o
 figures beside the Run's."""
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 import warnings
@@ -146,6 +147,42 @@ def test_lightning_with_accumulation_counts_every_micro_batch_and_holds_the_whol
         'Lightning decides it: Trainer(precision="bf16-mixed")')
     # the lr the last step ran with, not the one its scheduler set after it
     assert run.records("train")[-1]["lr"] == pytest.approx(lrs[-1])
+
+
+def test_lightnings_flops_are_the_whole_training_steps():
+    """The FLOP count covers the whole step Lightning runs (the encoder and the decoder the
+    LightningModule calls), as torch's FlopCounterMode counts it."""
+    L = needs("pytorch_lightning")
+    importlib.import_module("torch.utils.flop_counter")   # as after a process's first count
+    from torch.utils.flop_counter import FlopCounterMode
+
+    class AutoEncoder(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.encoder = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 8))
+            self.decoder = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 64))
+
+        def training_step(self, batch, batch_idx):
+            (x,) = batch
+            return nn.functional.mse_loss(self.decoder(self.encoder(x)), x)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    model = AutoEncoder()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(400 * 64, 64)),
+                                         batch_size=64)
+    trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with nt.watch(optimize=False, **QUIET) as run:
+            trainer.fit(model, loader)
+    x = torch.randn(64, 64)
+    with FlopCounterMode(display=False) as counter:
+        model.training_step((x,), 0).backward()
+    assert run.resolved["flops_per_step"][0] == counter.get_total_flops() > 0
 
 
 def test_stop_ends_lightnings_loop_at_a_step_boundary():
