@@ -57,6 +57,20 @@ def _has_fused(optimizer: str, device_type: str) -> bool:
     return optimizer in _FUSED.get(device_type, ())
 
 
+# Plain SGD (no momentum) on a CPU updates each parameter with one op of its own; its fused
+# kernel parallelizes even a tiny tensor across threads, which gains at most 1.10x on a
+# quiet CPU and loses up to 8x on a busy one (docs/guide/measured.md): "auto" keeps its own.
+PLAIN_SGD_ON_CPU = ("plain SGD on a CPU: its fused kernel gains at most 1.10x and loses "
+                    "on a busy machine (docs/guide/measured.md)")
+
+
+def _fused_pays(optimizer: str, device_type: str, momentum: float) -> bool:
+    """Whether "auto" gives `optimizer` its fused kernel: where it has one that pays."""
+    if optimizer == "sgd" and device_type == "cpu" and momentum == 0:
+        return False
+    return _has_fused(optimizer, device_type)
+
+
 def resolve_impl(cfg: TrainConfig, device: torch.device) -> Tuple[str, str]:
     if callable(cfg.optimizer):
         return "its own", "your optimizer: its class or factory picks the kernel"
@@ -68,8 +82,10 @@ def resolve_impl(cfg: TrainConfig, device: torch.device) -> Tuple[str, str]:
                           field="optimizer_impl")
     if cfg.optimizer_impl != "auto":
         return cfg.optimizer_impl, "asked for"
-    if fused_ok:
+    if _fused_pays(cfg.optimizer, device.type, cfg.momentum):
         return "fused", f"fused {cfg.optimizer} kernel exists on {device.type}"
+    if fused_ok:
+        return "for-loop", PLAIN_SGD_ON_CPU
     if device.type == "cuda":
         return "foreach", "no fused kernel: foreach batches the per-parameter launches"
     return "for-loop", f"no fused {cfg.optimizer} on {device.type}"
@@ -152,9 +168,14 @@ def impl_for(optimizer: torch.optim.Optimizer, device: torch.device, requested: 
     own = _own_impl(optimizer)
     if why_not:
         return own, why_not
-    if requested in ("auto", "fused") and name and _has_fused(name, device.type) \
-            and _can_switch(optimizer):
+    has = bool(name) and _has_fused(name, device.type)
+    momentum = optimizer.param_groups[0].get("momentum", 0)
+    wanted = requested == "fused" or requested == "auto" and _fused_pays(name, device.type,
+                                                                          momentum)
+    if has and wanted and _can_switch(optimizer):
         return "fused", f"fused {name} kernel exists on {device.type} (for the watch only)"
+    if has and not wanted and requested == "auto":   # a fused kernel that does not pay here
+        return own, f"your optimizer's own: {PLAIN_SGD_ON_CPU}"
     if requested == "fused":
         raise ConfigError(f"TrainConfig.optimizer_impl='fused' is not available for your "
                           f"{type(optimizer).__name__} on {device.type} (or it has begun "
