@@ -587,6 +587,7 @@ def assert_no_worker_left(loaded_by):
 def test_workers_tried_for_an_epoch_and_kept_where_its_batches_came_faster(monkeypatch):
     monkeypatch.setattr("nbtrain.watcher.loader.available_cores", lambda: 3)   # 2 workers
     monkeypatch.setattr("nbtrain.auto.budget.SHARE", 1.0)   # a trial at once
+    monkeypatch.setattr("nbtrain.auto.workers.WORKER_START_S", 0.0)
     run, loader, loaded_by = loaded_by_in_a_watch(SlowRows())
     assert all(s == {0} for s in loaded_by[:8])               # epoch 1: in this process
     assert all(0 not in s for s in loaded_by[8:])            # then: worker processes
@@ -598,6 +599,7 @@ def test_workers_tried_for_an_epoch_and_kept_where_its_batches_came_faster(monke
 def test_workers_that_lost_their_trial_epoch_are_stopped(monkeypatch):
     monkeypatch.setattr("nbtrain.watcher.loader.available_cores", lambda: 2)   # 1 worker
     monkeypatch.setattr("nbtrain.auto.budget.SHARE", 1.0)
+    monkeypatch.setattr("nbtrain.auto.workers.WORKER_START_S", 0.0)
     run, loader, loaded_by = loaded_by_in_a_watch(SlowRows(in_worker=3.0))
     assert all(0 not in s for s in loaded_by[8:16])          # epoch 2: the trial
     assert all(s == {0} for s in loaded_by[16:])              # epoch 3: this process again
@@ -614,6 +616,20 @@ def test_workers_wait_until_a_lost_trial_would_cost_at_most_the_budget(monkeypat
     assert all(s == {0} for s in loaded_by)
     workers, why = run.resolved["num_workers"]
     assert workers == 0 and "at most 5% of the time run so far" in why, why
+    assert_left_as_found()
+
+
+def test_a_worker_trial_counts_the_workers_start_in_what_it_could_cost(monkeypatch):
+    """A budget that would take the epoch's data wait (SHARE 1.0) but not the start of
+    the workers too (skorch's README program: a fork and the worker's first batch, ~40 ms,
+    in a 1 s program): no trial, and the reason says what it counted."""
+    monkeypatch.setattr("nbtrain.watcher.loader.available_cores", lambda: 3)
+    monkeypatch.setattr("nbtrain.auto.budget.SHARE", 1.0)
+    monkeypatch.setattr("nbtrain.auto.workers.WORKER_START_S", 600.0)
+    run, loader, loaded_by = loaded_by_in_a_watch(SlowRows())
+    assert all(s == {0} for s in loaded_by)
+    workers, why = run.resolved["num_workers"]
+    assert workers == 0 and "the workers' start" in why, why
     assert_left_as_found()
 
 

@@ -175,7 +175,7 @@ def impl_for(optimizer: torch.optim.Optimizer, device: torch.device, requested: 
     if has and wanted and _can_switch(optimizer):
         return "fused", f"fused {name} kernel exists on {device.type} (for the watch only)"
     if has and not wanted and requested == "auto":   # a fused kernel that does not pay here
-        return own, f"your optimizer's own: {PLAIN_SGD_ON_CPU}"
+        return own, f"your optimizer's own ({PLAIN_SGD_ON_CPU})"
     if requested == "fused":
         raise ConfigError(f"TrainConfig.optimizer_impl='fused' is not available for your "
                           f"{type(optimizer).__name__} on {device.type} (or it has begun "

@@ -195,23 +195,24 @@ class Loader:
 
     def _choose_workers(self, share: float):
         """Workers to try for the epoch starting now, 0 (never) or None (not yet): a trial
-        epoch that loses costs about the data wait it was to hide, so it starts once that
-        is at most the measuring budget of the time run so far."""
+        epoch that loses costs about the data wait it was to hide and the workers' start,
+        so it starts once that is at most the measuring budget of the time run so far."""
         cores = available_cores()
         if share < WAITS_FOR_DATA or cores < 2:
             return 0
         if self.measure.undecided():   # its trial would time both epochs: after it
             return None
+        from ..auto.workers import WORKER_START_S   # loaded only where the loop waits
         run = self.edge.run
         workers, epoch = min(8, cores - 1), run.epoch   # fit's rule: training keeps a core
-        risk_s = share * self._epoch_s
+        risk_s = share * self._epoch_s + WORKER_START_S   # the wait to hide, the workers' start
         waited = f"the loop waited for data {share:.0%} of epoch {epoch}"
         ran_s = time.perf_counter() - self.edge.started
         if not budget.affordable(risk_s, self.measure.measured_s, ran_s):
             run.resolved["num_workers"] = (0, (
                 f"{waited}: {workers} worker(s) are tried for an epoch once what a trial that "
-                f"loses could cost (that wait, {risk_s:.2f} s) is at most {budget.words()} of "
-                "the time run so far"))
+                f"loses could cost (that wait and the workers' start, {risk_s:.2f} s) is at "
+                f"most {budget.words()} of the time run so far"))
             return None
         self._worker_trial = (workers, self._per_batch_s)
         run.resolved["num_workers"] = (workers, (
