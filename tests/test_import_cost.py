@@ -17,11 +17,12 @@ HEAVY = ["nbtrain.entry", "nbtrain.train.loop", "nbtrain.tools.autotune", "nbtra
          "IPython", "sqlite3", "statistics", "fractions", "html"]
 
 
-def _fresh(code: str) -> dict:
-    """What `code` prints as JSON, run in a new interpreter that imports this nbtrain."""
+def _fresh(code: str, *argv: str) -> dict:
+    """What `code` prints as JSON, run in a new interpreter that imports this nbtrain
+    (`argv`: its sys.argv[1:])."""
     src = os.path.dirname(os.path.dirname(nt.__file__))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", code, *argv], env=env, capture_output=True, text=True,
                          check=True, timeout=300)
     return json.loads(out.stdout.splitlines()[-1])
 
@@ -66,15 +67,17 @@ def test_a_short_loop_pays_no_first_flop_count_which_a_process_that_counted_pays
     in a process that has them counts (its steps alone are the cost)."""
     loop = ("model = torch.nn.Linear(4, 1)\n"
             "with nt.watch(optimize=False, progress=False, store=False) as run:\n"
-            "    for _ in range(100):\n"
+            "    for _ in range(int(sys.argv[1])):\n"
             "        model.zero_grad(); model(torch.randn(8, 4)).pow(2).mean().backward()\n"
             "        with torch.no_grad():\n"
             "            for p in model.parameters(): p -= 0.1 * p.grad\n"
             "print(json.dumps([run.resolved['flops_per_step'][0], "
             "'torch.utils.flop_counter' in sys.modules]))")
     head = "import json, sys, torch, nbtrain as nt\n"
-    assert _fresh(head + loop) == [None, False]
-    flops, _ = _fresh(head + "import torch.utils.flop_counter\n" + loop)
+    # a count of 3 steps fits 5% from about step 60 on; its loading alone needs a run of
+    # 100 ms, and 150 steps take about 10 ms
+    assert _fresh(head + loop, "150") == [None, False]
+    flops, _ = _fresh(head + "import torch.utils.flop_counter\n" + loop, "300")
     assert flops == 2 * (2 * 8 * 4)   # the forward, and the weight's gradient (x needs none)
 
 

@@ -239,7 +239,7 @@ def test_the_watch_leaves_autograd_as_it_found_it():
 
 def test_the_flop_count_imports_no_compiler_into_a_program_that_had_none():
     """A hand-update loop imports no torch._dynamo as written; its FLOP count under the
-    watch must not import it either (seconds inside a short program). 3,000 steps: the
+    watch must not import it either (seconds inside a short program). 6,000 steps: the
     count starts once it and its loading (torch's FLOP formulas) cost 5% of the run."""
     import subprocess
     import sys
@@ -249,7 +249,7 @@ def test_the_flop_count_imports_no_compiler_into_a_program_that_had_none():
         "model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 1))\n"
         "x, y = torch.randn(64, 6), torch.randn(64, 1)\n"
         "with nt.watch(optimize=False, progress=False) as run:\n"
-        "    for _ in range(3000):\n"
+        "    for _ in range(6000):\n"
         "        model.zero_grad(); nn.functional.mse_loss(model(x), y).backward()\n"
         "        with torch.no_grad():\n"
         "            for p in model.parameters(): p.sub_(0.01 * p.grad)\n"
