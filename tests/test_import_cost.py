@@ -43,7 +43,8 @@ def test_a_watch_loads_neither_the_fit_loop_nor_the_tools_nor_what_measuring_nee
                   "nbtrain.auto.workers", "nbtrain.tools.autotune", "nbtrain.tools.compare",
                   "nbtrain.runstore.read", "nbtrain.views.dashboard", "nbtrain.ui.magic",
                   "joblib", "ipywidgets", "plotly", "IPython", "html",
-                  "nbtrain.auto.flops", "statistics", "fractions", "nbtrain.watcher.data_parallel",
+                  "nbtrain.auto.flops", "nbtrain.telemetry.modules", "statistics", "fractions",
+                  "nbtrain.watcher.data_parallel",
                   "sqlite3", "secrets"]
     # updates by hand: a torch.optim optimizer would load statistics itself (torch._dynamo)
     loaded = _fresh(

@@ -41,8 +41,8 @@ import torch
 from torch.nn.modules import module as nn_module
 
 from ..tables import Table
+from . import WINDOW_STEPS, not_measured
 
-WINDOW_STEPS = 3      # steps a window times: a few, once
 FIT_AT_STEP = 20      # nt.fit's window: after the first steps' warm-up ...
 FIT_MIN_STEPS = 100   # ... in a run long enough that 3 slower steps are a small share of it
 TOP = 5               # rows a summary keeps
@@ -331,12 +331,6 @@ class ModuleWindow:
         parts.sort(key=lambda p: -p[2])
         return {"bytes": total, "how": how,
                 "parts": [{"part": p, "kind": k, "bytes": b} for p, k, b in parts]}
-
-
-def not_measured(step: int, why: str) -> dict:
-    """The "modules" record of a window that measured nothing, with its reason."""
-    return {"kind": "modules", "step": step, "steps": 0, "rows": [],
-            "note": f"not measured: {why}", "peak": None}
 
 
 def _unpack(tensor):

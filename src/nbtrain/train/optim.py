@@ -58,10 +58,10 @@ def _has_fused(optimizer: str, device_type: str) -> bool:
 
 
 # Plain SGD (no momentum) on a CPU updates each parameter with one op of its own; its fused
-# kernel parallelizes even a tiny tensor across threads, which gains at most 1.10x on a
-# quiet CPU and loses up to 8x on a busy one (docs/guide/measured.md): "auto" keeps its own.
-PLAIN_SGD_ON_CPU = ("plain SGD on a CPU: its fused kernel gains at most 1.10x and loses "
-                    "on a busy machine (docs/guide/measured.md)")
+# kernel splits even a tiny tensor across threads, which gains no more than the noise on a
+# quiet CPU and waits on a busy core at every step: "auto" keeps plain SGD's own update.
+PLAIN_SGD_ON_CPU = ("plain SGD on a CPU: its fused kernel gains no more than the noise and "
+                    "loses on a busy machine (docs/guide/measured.md)")
 
 
 def _fused_pays(optimizer: str, device_type: str, momentum: float) -> bool:

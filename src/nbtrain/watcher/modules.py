@@ -5,10 +5,10 @@ loaded only when a window opens: a watch that never opens one pays nothing for i
 from __future__ import annotations
 
 from ..auto import budget
+from ..telemetry import WINDOW_STEPS, not_measured
 
-WINDOW_STEPS = 3    # the watch's window: a few steps, once
 WINDOW_COST = 2.0   # a step under the window's hooks takes up to ~this many steps (Python per leaf)
-WINDOW_LOAD_S = 0.001   # a process's first window loads telemetry/modules.py (~0.7 ms)
+WINDOW_LOAD_S = 0.001   # a process's first window loads telemetry/modules.py
 
 
 class Modules:
@@ -44,7 +44,7 @@ class Modules:
     def open(self, now: float, step_s: float) -> None:
         from ..telemetry.modules import ModuleWindow
         edge = self.edge
-        self.window = ModuleWindow(edge.model, edge.device, edge.run.optimizer, WINDOW_STEPS)
+        self.window = ModuleWindow(edge.model, edge.device, edge.run.optimizer)
         self.window.open()
         edge.patches.keep(self.window.close)
         self.due, self._opened_at, self._step_s = False, now, step_s
@@ -64,7 +64,6 @@ class Modules:
         and a run without a table says why (`too_short`: the loop ended before a window
         was affordable)."""
         run, window = self.edge.run, self.window
-        from ..telemetry.modules import not_measured
         if window is not None:
             self.window = None
             why = f"{type(exc).__name__} in step {run.step + 1}" \
