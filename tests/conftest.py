@@ -17,7 +17,8 @@ from torch import nn
 
 import nbtrain as nt
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent / "corpus"))
+CORPUS = str(__import__("pathlib").Path(__file__).parent / "corpus")
+sys.path.insert(0, CORPUS)
 from torchvision_ops import declare_missing_ops  # noqa: E402
 
 declare_missing_ops()   # before transformers (tests/test_hf.py) or a program imports torchvision
@@ -30,11 +31,10 @@ def _kernels_declare_missing_ops() -> None:
     ipython_dir = tempfile.mkdtemp(prefix="nbtrain-ipython-")
     startup = os.path.join(ipython_dir, "profile_default", "startup")
     os.makedirs(startup)
-    corpus = str(__import__("pathlib").Path(__file__).parent / "corpus")
     with open(os.path.join(startup, "00-torchvision-ops.py"), "w") as f:
-        f.write(f"import sys\nsys.path.insert(0, {corpus!r})\n"
+        f.write(f"import sys\nsys.path.insert(0, {CORPUS!r})\n"
                 "from torchvision_ops import declare_missing_ops\n"
-                f"declare_missing_ops()\nsys.path.remove({corpus!r})\n")
+                f"declare_missing_ops()\nsys.path.remove({CORPUS!r})\n")
     os.environ["IPYTHONDIR"] = ipython_dir
 
 
