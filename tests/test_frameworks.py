@@ -257,8 +257,10 @@ def test_skorch_is_named_and_raises_no_false_alarm_of_kept_losses():
                                      criterion=nn.CrossEntropyLoss)
     with nt.watch(optimize=False, log_every=4, **QUIET) as run:
         net.fit(X.astype("float32"), y)
+        net.predict(X.astype("float32"))   # a new loader, gradients on: no epoch of training
     assert run.resolved["loop"][0] == "skorch"
     assert run.step == 3 * 4 and run.summary()["samples"] == 3 * 400   # batch_size 128
+    assert run.epoch == 2   # skorch's 3 epochs, each on a loader of its own (0, 1, 2)
     diagnosis = run.summary()["diagnosis"]
     assert "keeps each step's loss" not in diagnosis
     assert run.model is net.module_

@@ -260,6 +260,8 @@ class Watcher:
                 raise StopWatching()
             if self.forward.hooked and tally.trained:   # outside any forward hook's call
                 self.forward.drop_hooks_if_unneeded()
+            if self.loader.epoch_owed:
+                self.loader.pay_owed_epoch()
         if not tally.trained:
             self._first_backward(loss)
         self.records.add_loss(loss, tally.backward())

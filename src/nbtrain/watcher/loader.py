@@ -57,6 +57,7 @@ class Loader:
         self._worker_trial = None       # (workers, the epoch before's per batch) while tried
         self._other_samples = 0         # the last batch of another loader, until the first backward
         self._pass_started_at = 0       # the Run's step as the training loader's pass began
+        self.epoch_owed = False         # a new loader's pass: an epoch at its first backward
         self._shadows = weakref.WeakKeyDictionary()           # your loader -> one with workers
         self._shadow_iterators = weakref.WeakKeyDictionary()  # your loader -> that one's iterator
         self._foreign = ()              # (framework, its own loader class), those loaded
@@ -267,7 +268,14 @@ class Loader:
         elif self.training() is None:   # a loop that makes its loader each epoch
             self.training = weakref.ref(loader)
             self._describe(loader)
-            self.edge.run.next_epoch()
+            self.epoch_owed = True
+
+    def pay_owed_epoch(self) -> None:
+        """A loader made anew starts an epoch at its pass's first backward, not at its
+        first batch: a pass that trains nothing (skorch's predict after fit, a new loader
+        iterated with gradients on) is no epoch."""
+        self.epoch_owed = False
+        self.edge.run.next_epoch()
 
     def _next_pass(self) -> None:
         """A new pass over the training loader: an epoch where the last pass made a step;
