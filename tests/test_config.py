@@ -4,7 +4,7 @@ from torch.nn import functional as F
 
 import nbtrain as nt
 from nbtrain import ConfigError, TrainConfig
-from nbtrain.config import SETTINGS
+from nbtrain.config import FIELD_NAMES, SETTINGS
 from nbtrain.data.batches import epoch_order
 
 from conftest import mlp, quick
@@ -171,3 +171,19 @@ def test_the_highest_seed_trains_shuffled(blobs):
     run = nt.fit(mlp(), blobs, F.cross_entropy, config=quick(seed=high, max_steps=2),
                  progress=False)
     assert run.state == "finished"
+
+
+def test_a_config_is_built_by_keyword_and_compares_and_prints_by_its_fields():
+    """TrainConfig's __init__, __eq__ and __repr__ are written once, not generated (a
+    watch's import would compile them): the same signature, equality and text."""
+    import inspect
+    params = inspect.signature(TrainConfig).parameters
+    assert list(params) == list(FIELD_NAMES)
+    assert all(p.kind is p.KEYWORD_ONLY for p in params.values())
+    assert params["epochs"].default == 1 and params["amp"].default == "auto"
+    with pytest.raises(TypeError):
+        TrainConfig(3)
+    a, b = TrainConfig(epochs=3, lr=0.01), TrainConfig(epochs=3, lr=0.01)
+    assert a == b and a != b.replace(lr=0.02) and a != "TrainConfig" and a.__hash__ is None
+    assert repr(a).startswith("TrainConfig(epochs=3, max_steps=None, ") and "lr=0.01" in repr(a)
+    assert eval(repr(a), {"TrainConfig": TrainConfig}) == a
