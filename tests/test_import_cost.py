@@ -78,8 +78,38 @@ def test_a_short_loop_pays_no_first_flop_count_which_a_process_that_counted_pays
     # a count of 3 steps fits 5% from about step 60 on; its loading alone needs a run of
     # 100 ms, and 150 steps take about 10 ms
     assert _fresh(head + loop, "150") == [None, False]
-    flops, _ = _fresh(head + "import torch.utils.flop_counter\n" + loop, "300")
+    # the formulas loaded, and a watch before that counted the engine's loading (below)
+    counted_before = ("import torch.utils.flop_counter, warnings\n"
+                      "warnings.simplefilter('ignore')\n"
+                      "with nt.watch(optimize=False, progress=False, store=False): pass\n")
+    flops, _ = _fresh(head + counted_before + loop, "300")
     assert flops == 2 * (2 * 8 * 4)   # the forward, and the weight's gradient (x needs none)
+
+
+def test_the_first_watch_counts_the_engines_loading_as_spent():
+    """A process's first watch loads nbtrain's engine (nt.watch: ~50 modules, 15-20 ms)
+    while the program waits: its measuring counts that as spent, so a loop short enough
+    for a count on its own counts nothing, and says why; the next watch counts it."""
+    code = ("import json, sys, torch, nbtrain as nt, torch.utils.flop_counter\n"
+            "from nbtrain.auto import budget\n"
+            "def watched():\n"
+            "    model = torch.nn.Linear(4, 1)\n"
+            "    with nt.watch(optimize=False, progress=False, store=False) as run:\n"
+            "        for _ in range(300):\n"
+            "            model.zero_grad(); model(torch.randn(8, 4)).pow(2).mean().backward()\n"
+            "            with torch.no_grad():\n"
+            "                for p in model.parameters(): p -= 0.1 * p.grad\n"
+            "    return run\n"
+            "nt.watch\n"
+            "loading = budget._unpaid['loading_s']\n"
+            "budget._unpaid['loading_s'] = 10.0   # the engine's loading, made long\n"
+            "first, second = watched(), watched()\n"
+            "print(json.dumps([loading, first.resolved['flops_per_step'], "
+            "second.resolved['flops_per_step'][0], budget._unpaid['loading_s']]))")
+    loading, (flops, why), flops_then, unpaid = _fresh(code)
+    assert loading > 0 and unpaid == 0.0
+    assert flops is None and "with the 10000 ms nbtrain took to load" in why
+    assert flops_then == 2 * (2 * 8 * 4)
 
 
 def test_every_public_name_resolves_and_dir_lists_it():

@@ -9,6 +9,7 @@ import contextlib
 import gc
 import importlib
 import sys
+import time
 import types
 from typing import TYPE_CHECKING
 
@@ -56,8 +57,12 @@ def __getattr__(name):
         with _collector_paused():
             value = importlib.import_module(f".{_SUBMODULES[name]}", __name__)
     elif name in _LAZY:
+        start = time.perf_counter()
         with _collector_paused():
             value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        if _LAZY[name] == "entry":   # a watch's measuring counts its engine's loading as spent
+            from .auto import budget
+            budget.loaded(time.perf_counter() - start)
     else:
         raise AttributeError(f"module 'nbtrain' has no attribute {name!r}")
     globals()[name] = value   # the next lookup is an ordinary one

@@ -58,6 +58,7 @@ class Measure:
         self.edge, self.autocast, self.modules, self._done = edge, autocast, modules, done
         self.pending = False       # a part is pending or running: step ends look (fast flag)
         self.measured_s = 0.0      # what the measuring cost the loop so far
+        self.loading_s = budget.take_loading_s()   # the engine, loaded by this watch (its first)
         self.count = None          # "due": the next step is counted; a FlopCount while it runs
         self._trial = None         # Bf16Trial, until decided
         self._trial_key = None     # what its blocks and gain are kept under
@@ -174,12 +175,17 @@ class Measure:
         return self._peak_cost_s
 
     def _affordable(self, cost_s: float, now: float) -> bool:
-        return budget.affordable(cost_s, self.measured_s, now - self.edge.started)
+        return budget.affordable(cost_s, self.spent_s, now - self.edge.started + self.loading_s)
+
+    @property
+    def spent_s(self) -> float:
+        """What the watch has cost the loop beyond its hooks: measuring, and its loading."""
+        return self.measured_s + self.loading_s
 
     def _affordable_from(self, cost_s: float) -> float:
         """The time (perf_counter's) from which `cost_s` more is affordable, while nothing
         else is measured: budget.affordable holds once the run has run (spent + cost) / SHARE."""
-        return self.edge.started + (self.measured_s + cost_s) / budget.SHARE
+        return self.edge.started - self.loading_s + (self.spent_s + cost_s) / budget.SHARE
 
     def _step_s(self, now: float) -> float:
         """The loop's mean time per step so far (its setup before step 1 included: an
@@ -301,7 +307,7 @@ class Measure:
         """The watch ends (`exc`, what ended it): each part not measured says why."""
         edge = self.edge
         ran = time.perf_counter() - edge.started
-        why = _ended_before(ran, "measuring")
+        why = _ended_before(ran, "measuring", self.loading_s)
         resolved = edge.run.resolved
         if self._trial is not None:
             self.autocast.settle("off", self._keep_trial(ran, why))
@@ -311,7 +317,7 @@ class Measure:
             resolved["flops_per_step"] = (None, f"not counted: {why}")
         if self._peak_due and "peak_tflops" not in resolved:
             resolved["peak_tflops"] = (None, f"not measured: {why}")
-        self.modules.finish(exc, _ended_before(ran, "timing its modules"))
+        self.modules.finish(exc, _ended_before(ran, "timing its modules", self.loading_s))
         self._say_what_measuring_cost()
 
     def _keep_trial(self, ran: float, why: str) -> str:
@@ -331,13 +337,18 @@ class Measure:
         self.edge.run.resolved["measuring_s"] = (round(self.measured_s, 4), (
             f"the watch's measuring took {self.measured_s * 1e3:.1f} ms, "
             f"{self.measured_s / ran:.1%} of the {ran:.2f} s watched; each part started only "
-            f"where it would cost at most {budget.words()} of the time run so far"))
+            f"where it{_with_loading(self.loading_s)} would cost at most {budget.words()} of "
+            "the time run so far"))
 
 
-def _ended_before(ran: float, what: str) -> str:
+def _with_loading(loading_s: float) -> str:
+    return f", with the {loading_s * 1e3:.0f} ms nbtrain took to load," if loading_s else ""
+
+
+def _ended_before(ran: float, what: str, loading_s: float) -> str:
     """Why a measurement did not run: the loop ended before it was affordable."""
-    return (f"your loop ended after {ran:.2f} s, before {what} would have cost at most "
-            f"{budget.words()} of the time run")
+    return (f"your loop ended after {ran:.2f} s, before {what}{_with_loading(loading_s)} "
+            f"would have cost at most {budget.words()} of the time run")
 
 
 _COUNTED: dict = {}   # (architecture, device) -> (FLOPs of a step, conv share): this process
