@@ -208,8 +208,7 @@ class Loader:
         workers, epoch = min(8, cores - 1), run.epoch   # fit's rule: training keeps a core
         risk_s = share * self._epoch_s + WORKER_START_S   # the wait to hide, the workers' start
         waited = f"the loop waited for data {share:.0%} of epoch {epoch}"
-        ran_s = time.perf_counter() - self.edge.started
-        if not budget.affordable(risk_s, self.measure.spent_s, ran_s + self.measure.loading_s):
+        if not self.measure.affords(risk_s, time.perf_counter()):
             run.resolved["num_workers"] = (0, (
                 f"{waited}: {workers} worker(s) are tried for an epoch once what a trial that "
                 f"loses could cost (that wait and the workers' start, {risk_s:.2f} s) is at "

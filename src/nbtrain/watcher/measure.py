@@ -144,23 +144,23 @@ class Measure:
         trial = self._trial
         if trial is not None:
             # a pair (or the warm-up) at a time, each within the budget when it starts
-            if self._affordable(trial.cost_s(step_s), now):
+            if self.affords(trial.cost_s(step_s), now):
                 now = self._gpu_done(now)
                 trial.start(step_s, now, self.edge.waited_s, self.edge.run.step + 1, trial.unit())
                 self.autocast.run_in(trial.mode)
             return   # the FLOPs and the peak after the trial: the peak depends on the amp
         if self._flops_wanted():
             load_s = budget.first_use_s("torch.utils.flop_counter", COUNT_LOAD_S)
-            if self._affordable(COUNT_COST * step_s + load_s, now):
+            if self.affords(COUNT_COST * step_s + load_s, now):
                 self.count = "due"
             return
         if self.modules.due:   # one window at a time: nothing else measured within it
-            if self._affordable(self.modules.cost_s(step_s), now):
+            if self.affords(self.modules.cost_s(step_s), now):
                 self.modules.open(now, step_s)
             return
         if self._peak_due:   # the last part: the amp is settled, nothing else is due
             cost = self._peak_cost()
-            if self._affordable(cost, now):
+            if self.affords(cost, now):
                 self._probe_peak()
             else:   # a probe (1 s) waits for 20 s of the run: no step's end looks before then
                 self._quiet_until = self._affordable_from(cost)
@@ -174,18 +174,17 @@ class Measure:
             self._peak_cost_s = 0.0 if known else PEAK_PROBE_S
         return self._peak_cost_s
 
-    def _affordable(self, cost_s: float, now: float) -> bool:
-        return budget.affordable(cost_s, self.spent_s, now - self.edge.started + self.loading_s)
-
-    @property
-    def spent_s(self) -> float:
-        """What the watch has cost the loop beyond its hooks: measuring, and its loading."""
-        return self.measured_s + self.loading_s
+    def affords(self, cost_s: float, now: float) -> bool:
+        """Whether measuring (or a trial) that may cost `cost_s` is within the budget now,
+        with what was measured so far and the engine's loading counted as spent."""
+        return budget.affordable(cost_s, self.measured_s + self.loading_s,
+                                 now - self.edge.started + self.loading_s)
 
     def _affordable_from(self, cost_s: float) -> float:
         """The time (perf_counter's) from which `cost_s` more is affordable, while nothing
-        else is measured: budget.affordable holds once the run has run (spent + cost) / SHARE."""
-        return self.edge.started - self.loading_s + (self.spent_s + cost_s) / budget.SHARE
+        else is measured: `affords` holds once the run has run (spent + cost) / SHARE."""
+        spent_s = self.measured_s + self.loading_s
+        return self.edge.started - self.loading_s + (spent_s + cost_s) / budget.SHARE
 
     def _step_s(self, now: float) -> float:
         """The loop's mean time per step so far (its setup before step 1 included: an
