@@ -26,12 +26,13 @@ caches of nbtrain's probes, the OS's file cache). Then `--rounds` interleaved ro
 the order of the ways rotated from round to round (bench/rounds.py). Printed: the
 median seconds as written, and the median of the per-round ratios of each watch to the
 run as written with their min-max spread (a ratio of one round's pair, which ran
-minutes apart at most). A way that fails is shown as its error, and the program's other
-ways still run. `--before DIR` (another checkout of nbtrain, e.g. a git worktree of an
-older commit) adds a fourth way to every round: watched only by DIR/src's nbtrain (on
-PYTHONPATH; the corpus and harness stay this checkout's), printed against the run as
-written and as this code's watched time over it, per round: a change measured in the same
-rounds, where a shared machine's drift between two passes would be larger than it.
+minutes apart at most), and the median of the per-round differences (ms added). A way
+that fails is shown as its error, and the program's other ways still run. `--before
+DIR` (another checkout of nbtrain, e.g. a git worktree of an older commit) adds a fourth
+way to every round: watched only by DIR/src's nbtrain (on PYTHONPATH; the corpus and
+harness stay this checkout's), printed against the run as written and as this code's
+watched time over it, per round: a change measured in the same rounds, where a shared
+machine's drift between two passes would be larger than it.
 
 Instructions (where `valgrind` and gcc are found; `--no-instructions` skips them): after
 a run of each way outside valgrind (the disk caches warm, as for the times), one fresh
@@ -227,7 +228,8 @@ def ratio_cell(times: dict, way: str, base: str = WRITTEN) -> str:
     if not isinstance(times.get(base), list) or way not in times:
         return "-"
     median, low, high = paired(times, way, base)
-    return f"{median:.3f}x ({low:.2f}-{high:.2f})"
+    added = statistics.median(a - b for a, b in zip(times[way], times[base]))
+    return f"{median:.3f}x ({low:.2f}-{high:.2f}), {added * 1e3:+.0f} ms"
 
 
 def instructions_cell(name: str, marks: str, folder: str) -> str:
@@ -282,8 +284,8 @@ def main(argv=None):
         print(f"{machine_line()}\n{len(names)} programs; {timed}; {counted}\n")
         before = (" watched by --before / as written | watched now / by --before |"
                   if args.before else "")
-        print("| program | as written s | watched / as written (spread) | defaults / as "
-              f"written (spread) |{before} instructions watched / as written |\n"
+        print("| program | as written s | watched / as written (spread), ms added | defaults "
+              f"/ as written (spread), ms added |{before} instructions watched / as written |\n"
               f"|---|---:|---:|---:|{'---:|---:|' if args.before else ''}---:|", flush=True)
         for name in names:
             times = measure(name, args.rounds, args.before) if args.rounds > 0 else {}
