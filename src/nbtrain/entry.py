@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 import torch
 
 from . import checkpoint as ckpt
-from .config import ConfigError, TrainConfig, as_config, watched_as
+from .config import DEFAULTS, ConfigError, TrainConfig, as_config, watched_as
 from .run import Run
 from .runstore import trackers
 from .runstore import write
@@ -192,11 +192,10 @@ def _keeping_apart(config, settings: dict):
     keeping = {name: settings.pop(name) for name in KEEPING_FIELDS if name in settings}
     if config is not None:
         config = as_config(config)
-        defaults = TrainConfig.__dataclass_fields__
         own = {name: getattr(config, name) for name in KEEPING_FIELDS
-               if getattr(config, name) != defaults[name].default}
+               if getattr(config, name) != DEFAULTS[name]}
         if own:
-            config = config.replace(**{name: defaults[name].default for name in own})
+            config = config.replace(**{name: DEFAULTS[name] for name in own})
             keeping = {**own, **keeping}
     return config, settings, keeping
 
