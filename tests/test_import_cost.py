@@ -38,14 +38,18 @@ def test_import_nbtrain_loads_none_of_the_heavy_modules():
 def test_a_watch_loads_neither_the_fit_loop_nor_the_tools_nor_what_measuring_needs():
     """The first `with nt.watch()` around a tiny loop loads the watcher and what it
     shares, none of what only fit, the tools or a notebook need, nor what only measuring
-    (the FLOP counter, statistics), N processes or the store's writer thread need."""
+    (the FLOP counter, statistics), N processes or the store's writer thread need; nor
+    what only some settings use: fit's data path and the packed formats, the trackers of
+    report_to, fp16's loss scaling, the progress bar."""
     not_needed = ["nbtrain.train.loop", "nbtrain.train.prepare", "nbtrain.train.failure",
                   "nbtrain.auto.workers", "nbtrain.tools.autotune", "nbtrain.tools.compare",
                   "nbtrain.runstore.read", "nbtrain.views.dashboard", "nbtrain.ui.magic",
                   "joblib", "ipywidgets", "plotly", "IPython", "html",
                   "nbtrain.auto.flops", "nbtrain.telemetry.modules", "statistics", "fractions",
                   "nbtrain.watcher.data_parallel",
-                  "sqlite3", "secrets"]
+                  "sqlite3", "secrets",
+                  "nbtrain.data.sources", "nbtrain.data.lmdb", "nbtrain.data.tfrecord",
+                  "nbtrain.runstore.trackers", "nbtrain.watcher.fp16", "nbtrain.views.progress"]
     # updates by hand: a torch.optim optimizer would load statistics itself (torch._dynamo)
     loaded = _fresh(
         "import json, sys, torch\n"

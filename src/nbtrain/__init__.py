@@ -93,9 +93,19 @@ def _collector_paused():
 
 
 def _hand_in_progress(entry) -> None:
-    """fit(progress=True)'s bar: a view, handed down to the entry, which imports no view."""
-    from .views.progress import attach_progress, setup_line
-    entry.show_progress_with(attach_progress, setup_line)
+    """fit(progress=True)'s bar: a view, handed down to the entry, which imports no view;
+    loaded where a run shows it, not with the entry (a watch in a script shows none)."""
+    entry.show_progress_with(_attach_progress, _setup_line)
+
+
+def _attach_progress(run) -> None:
+    from .views.progress import attach_progress
+    attach_progress(run)
+
+
+def _setup_line(run):
+    from .views.progress import setup_line
+    return setup_line(run)
 
 
 class _Package(types.ModuleType):

@@ -430,6 +430,12 @@ def _refuse_custom_name(name: str, value) -> None:
             f"resume=...), or %%fasttrain --resume ... --{name} NAME.", field=name)
 
 
+def reporters(cfg: "TrainConfig") -> tuple:
+    """report_to as a tuple of tracker names ("none": empty)."""
+    value = cfg.report_to
+    return () if value == "none" else (value,) if isinstance(value, str) else tuple(value)
+
+
 def settings_in(group: str) -> list:
     """The Settings of one group, in declaration order."""
     return [s for s in SETTINGS.values() if s.group == group]

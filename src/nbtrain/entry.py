@@ -23,9 +23,8 @@ from typing import TYPE_CHECKING, Callable, Optional
 import torch
 
 from . import checkpoint as ckpt
-from .config import DEFAULTS, ConfigError, TrainConfig, as_config, watched_as
+from .config import DEFAULTS, ConfigError, TrainConfig, as_config, reporters, watched_as
 from .run import Run
-from .runstore import trackers
 from .runstore import write
 from .watcher import Watcher, own_loop_config, record_floor_s
 
@@ -60,7 +59,7 @@ def fit(model: torch.nn.Module, train_data, loss_fn: Optional[Callable] = None, 
     state = ckpt.state_to_resume(resume)
     cfg = _config_from(config, state, resume)
     _refuse_plateau_without_validation(cfg, val_data)
-    trackers.check(cfg)   # report_to's library missing: said before anything runs
+    check_trackers(cfg)   # report_to's library missing: said before anything runs
     refuse_busy(model)   # before anything touches the model
     if cfg.release_previous:
         release_previous_run()
@@ -113,7 +112,7 @@ class watch:
         # _rank (cell_ranks.py): (rank, world, make_run), this process one of N; its records
         # come every log_every steps on every rank alike, so that they can be merged
         self.run = Run(cfg) if _rank is None else _rank[2](cfg)
-        trackers.check(self.run.config)
+        check_trackers(self.run.config)
         floor = record_floor_s(self.run.config, settings) if _rank is None else 0.0
         self._watcher = Watcher(self.run, optimize, floor,
                                 ranks=None if _rank is None else _rank[:2])
@@ -162,7 +161,17 @@ def keep(run: Run, kind: tuple) -> None:
     """Store `run` as it goes (unless store=False) and start its trackers (report_to);
     `kind`: ("fit", "watch" or "trial", the stored name when the config has none)."""
     write.keep(run, *kind)
-    trackers.attach(run)
+    if reporters(run.config):
+        from .runstore import trackers
+        trackers.attach(run)
+
+
+def check_trackers(cfg: TrainConfig) -> None:
+    """report_to's libraries, checked before the run; trackers.py (its TensorBoard and
+    MLflow sinks) is loaded only where report_to names one."""
+    if reporters(cfg):
+        from .runstore import trackers
+        trackers.check(cfg)
 
 
 @contextlib.contextmanager

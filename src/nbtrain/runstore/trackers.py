@@ -24,7 +24,7 @@ import warnings
 from pathlib import Path
 from typing import List, Optional
 
-from ..config import ConfigError, TrainConfig
+from ..config import ConfigError, TrainConfig, reporters
 from ..run import Run
 
 EXTRAS = {"tensorboard": ("tensorboard", "TensorBoard"), "mlflow": ("mlflow", "MLflow")}
@@ -33,15 +33,9 @@ END_WAIT_S = 60.0   # the run's end waits this long for a tracker to send what i
 MLFLOW_STATUS = {"finished": "FINISHED", "failed": "FAILED"}   # the rest: KILLED
 
 
-def wanted(cfg: TrainConfig) -> tuple:
-    """report_to as a tuple of names ("none": empty)."""
-    value = cfg.report_to
-    return () if value == "none" else (value,) if isinstance(value, str) else tuple(value)
-
-
 def check(cfg: TrainConfig) -> None:
     """A tracker whose library is missing: a ConfigError naming the extra, before the run."""
-    for name in wanted(cfg):
+    for name in reporters(cfg):
         module, label = EXTRAS[name]
         if importlib.util.find_spec(module) is None:
             raise ConfigError(
@@ -52,7 +46,7 @@ def check(cfg: TrainConfig) -> None:
 
 def attach(run: Run) -> List["Tracker"]:
     """Start the trackers `run.config.report_to` asks for; they subscribe to the run."""
-    trackers = [Tracker(run, SINKS[name](run)) for name in wanted(run.config)]
+    trackers = [Tracker(run, SINKS[name](run)) for name in reporters(run.config)]
     for tracker in trackers:
         run.subscribe(tracker)
     return trackers

@@ -18,7 +18,7 @@ from ..auto.precision import (
     model_inputs,
     resolve_amp,
 )
-from .fp16 import clip_out_of_reach
+from .scaling import clip_out_of_reach
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TRIAL = "trial"   # watch_amp's value where bf16 is measured on the loop's own steps

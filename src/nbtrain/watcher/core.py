@@ -8,11 +8,12 @@ objects, so the model, its optimizer and their copies pickle as they would unwat
 - the batches: see loader.py; the copies to the GPU: copies.py.
 
 What it changes (optimize=True only, as settings.py's Plan allows): autocast.py
-(autocast, channels_last), fp16.py (fp16's loss scaling), loader.py (batched fetch,
-workers), copies.py (copies one batch ahead), steps.py (the fused optimizer kernel). What
-it measures, within the measuring budget: measure.py, and modules.py's window over the
-model's leaf modules. This module keeps the wiring, the backward, the model found and the
-end: `Watcher.remove` undoes every hook and patch on every way out; `finish` ends the Run.
+(autocast, channels_last), fp16.py (fp16's loss scaling, where scaling.py finds that it
+may apply), loader.py (batched fetch, workers), copies.py (copies one batch ahead),
+steps.py (the fused optimizer kernel). What it measures, within the measuring budget:
+measure.py, and modules.py's window over the model's leaf modules. This module keeps the
+wiring, the backward, the model found and the end: `Watcher.remove` undoes every hook and
+patch on every way out; `finish` ends the Run.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from .between import Between
 from .copies import Copies
 from .edge import Edge, StopWatching
 from .forward import Forward
-from .fp16 import loss_scaling
+from .scaling import loss_scaling
 from .loader import Loader
 from .measure import Measure
 from .modules import Modules

@@ -22,7 +22,6 @@ from torch.utils.data import (
 )
 
 from ..auto import budget, frameworks
-from ..data import shippable
 from ..data.batches import (
     batch_chunks,
     pinned_rows,
@@ -382,6 +381,7 @@ def _served_by_workers(loader, workers: int, cfg, pin: bool) -> DataLoader:
     """A DataLoader that loads `loader`'s batches with `workers` processes: its batch
     sampler (so the same batches in the same order), generator, collate and worker init;
     pinned (in its pin thread) where `pin`; workers kept across epochs."""
+    from ..data.sources import shippable   # nt.fit's data path: loaded where workers are tried
     dataset = shippable(loader.dataset, cfg.multiprocessing_context)
     return DataLoader(dataset, batch_sampler=loader.batch_sampler, num_workers=workers,
                       collate_fn=loader.collate_fn, pin_memory=pin,
