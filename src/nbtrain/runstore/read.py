@@ -16,7 +16,7 @@ from typing import Iterable, List, Optional, Union
 
 from ..config import FACTORY_FIELDS, SETTINGS, TrainConfig
 from ..run import Run
-from .write import WRITERS, BUSY_TIMEOUT_S, SAME, this_process, path_of
+from .write import WRITERS, BUSY_TIMEOUT_S, SAME, has_pending, path_of, this_process, writer_for
 
 COLUMNS = ("id", "name", "kind", "started", "state", "steps", "samples/s", "last loss",
            "device", "amp")
@@ -24,14 +24,22 @@ COLUMNS = ("id", "name", "kind", "started", "state", "steps", "samples/s", "last
 
 def _connect(store) -> Optional[sqlite3.Connection]:
     path = path_of(store)
-    if path is None or not path.exists():
+    if path is None:
         return None
-    writer = WRITERS.get(path)
-    if writer is not None and writer.pid == os.getpid():
-        writer.flush()   # this process's last records are in the file before it is read
+    _fold_in(path)
+    if not path.exists():
+        return None
     conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S)   # read-only if the file is
     conn.row_factory = sqlite3.Row
     return conn
+
+
+def _fold_in(path: Path) -> None:
+    """This process's last records and every pending file (runs that ended within their
+    first second, of any process) written into the store before it is read."""
+    writer = WRITERS.get(path)
+    if (writer is not None and writer.pid == os.getpid()) or has_pending(path):
+        writer_for(path).flush(into_store=True)
 
 
 def _alive(host: str, pid: Optional[int], started: Optional[float]) -> bool:
@@ -307,6 +315,8 @@ def delete_runs(ids: Union[str, Iterable[str], None] = None, *, name: Optional[s
         if ids is not None:
             chosen &= set(ids)
     path = path_of(store)
+    if chosen and path is not None:
+        _fold_in(path)
     if not chosen or path is None or not path.exists():
         return 0
     with contextlib.closing(sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S)) as conn:

@@ -19,9 +19,13 @@ record, in order).
 The training thread never waits for the disk: a run's records go into a bounded queue
 (a deque: an append is ~0.1 us) read by one writer thread per store file, which writes
 them in one transaction at most every second and at the run's end, so a SIGKILL loses at
-most the last second. A store that cannot be opened or written (read-only, full, not a
-database, locked past a timeout) gives one warning naming the file and what to do, and
-the run trains on without it.
+most the last second. A run that ends within its first second, before this process has
+opened the file, is written to a file of its own in the pending folder beside it
+(`runs.sqlite.pending/<id>.json`) instead: a short program never loads SQLite (~5 ms of
+it), and the next writer or reader to open the store, in any process, folds it in. A
+store that cannot be opened or written (read-only, full, not a database, locked past a
+timeout) gives one warning naming the file and what to do, and the run trains on
+without it.
 """
 from __future__ import annotations
 
@@ -56,6 +60,7 @@ IDLE_EXIT_S = 10.0        # an idle writer thread ends; the next run starts anot
 BEGIN_WAIT_S = 2.0        # a run that ends before its row is written waits this long for it
 SCHEMA_VERSION = 1
 URGENT = ("begin", "end", "flush", "discard")   # written at once, not within the second
+PENDING = ".pending"   # the folder beside the store: runs that ended within their first second
 SAME = 0   # a record's "diagnosis" stored as this: the same as the record before (~170 bytes)
 
 SCHEMA = """
@@ -89,6 +94,31 @@ def path_of(store: Union[bool, str, os.PathLike, None] = True) -> Optional[Path]
         return home() / FILE_NAME
     path = Path(store).expanduser()
     return path / FILE_NAME if path.is_dir() else path
+
+
+def pending_dir(path: Path) -> Path:
+    """The folder of the runs not folded into the store `path` yet (one JSON file each)."""
+    return path.with_name(path.name + PENDING)
+
+
+def has_pending(path: Path) -> bool:
+    folder = pending_dir(path)
+    return folder.is_dir() and any(folder.glob("*.json"))
+
+
+def _opens_as_a_store(path: Path) -> bool:
+    """Whether `path` can be opened and written as a store, as far as the file alone tells
+    without SQLite: absent (made at the first write) or a writable SQLite file. A short
+    run goes to a pending file only then; otherwise to the store, whose opening says what
+    is wrong at once, in the run."""
+    if not path.exists():
+        return os.access(path.parent if path.parent.exists() else path.parent.parent, os.W_OK)
+    try:
+        with open(path, "rb") as f:
+            header = f.read(16)
+    except OSError:
+        return False
+    return header in (b"SQLite format 3\x00", b"") and os.access(path, os.W_OK)
 
 
 def new_id() -> str:
@@ -180,13 +210,15 @@ class Writer:
             self._start()
         return True
 
-    def flush(self, timeout: float = 5.0) -> bool:
-        """Wait until what was submitted before this call is committed (or dropped)."""
+    def flush(self, timeout: float = 5.0, into_store: bool = False) -> bool:
+        """Wait until what was submitted before this call is committed (or dropped);
+        `into_store`: into the store file itself, every pending file folded in (a reader's
+        flush), not a run's own pending file."""
         if self._thread is None or not self._thread.is_alive():
-            if not self._queue:
+            if not self._queue and not (into_store and has_pending(self.path)):
                 return True
         done = threading.Event()
-        self.submit(("flush", done), urgent=True)
+        self.submit(("flush", into_store, done), urgent=True)
         return done.wait(timeout)
 
     def _start(self) -> None:
@@ -203,13 +235,14 @@ class Writer:
         while True:
             self._wake.wait(POLL_S)
             self._wake.clear()
-            while self._queue:
-                pending.append(self._queue.popleft())
+            if not pending:
+                held_since = time.monotonic()
+            while self._queue:   # a begin's row made at once, beside the loop's first steps
+                pending.append(self._prepared(self._queue.popleft()))
             now = time.monotonic()
             if pending:
                 idle_since = now
-                urgent = any(item[0] in URGENT for item in pending)
-                if urgent or now - last_commit >= COMMIT_EVERY_S:
+                if self._urgent(pending) or now - max(last_commit, held_since) >= COMMIT_EVERY_S:
                     cpu = time.thread_time()
                     outcome = self._write(pending)
                     self.busy_s += time.thread_time() - cpu
@@ -237,6 +270,38 @@ class Writer:
                     self._start()
                 return
 
+    def _prepared(self, item: tuple) -> tuple:
+        """A begin with the row the store holds (its JSON, this process, the machine), so
+        that a short run's end waits only for its file to be written."""
+        if item[0] != "begin":
+            return item
+        run_id, row, history, done = item[1:]
+        return "begin", run_id, self._begin_row(row), history, done
+
+    def _urgent(self, items: List[tuple]) -> bool:
+        """Whether `items` are written at once. A run's begin waits for its first second
+        where the file is not open yet: a run that ends within it goes to its own pending
+        file (_whole_runs), and the file's opening is not paid beside its first steps."""
+        if self._conn is None and self._whole_runs(items, begun_only=True):
+            return any(item[0] in ("end", "flush", "discard") for item in items)
+        return any(item[0] in URGENT for item in items)
+
+    def _whole_runs(self, items: List[tuple], begun_only: bool = False) -> bool:
+        """Whether `items` hold whole runs only, each begun and (unless `begun_only`)
+        ended there, and no flush into the store: what a pending file may take."""
+        begun, ended = set(), set()
+        for item in items:
+            if item[0] == "begin":
+                begun.add(item[1])
+            elif item[0] == "end":
+                ended.add(item[1])
+            elif item[0] == "flush":
+                if item[1]:
+                    return False
+            elif item[0] not in ("record", "update") or item[1] not in begun:
+                return False
+        return begun_only or begun == ended
+
     def _release(self, items: List[tuple]) -> None:
         """Tell those waiting for `items` that they are written (or dropped)."""
         for item in items:
@@ -245,27 +310,17 @@ class Writer:
 
     def _write(self, items: List[tuple]) -> str:
         """One transaction for `items`: "ok", "locked" (try again) or "broken"."""
+        if self._conn is None and self._whole_runs(items) and _opens_as_a_store(self.path):
+            return self._write_pending(items)
         import sqlite3   # the writer thread's alone: a run's start does not load it
-        if self._conn is None and not self._open(items):
+        opening = self._conn is None
+        if opening and not self._open(items):
             self.dropped += sum(item[0] == "record" for item in items)
             return "broken"
         try:
-            with self._conn:   # one transaction: committed here, rolled back on an error
-                touched, rows = set(), []
-                for item in items:
-                    if item[0] in ("begin", "record", "update", "end"):
-                        touched.add(item[1])
-                    if item[0] == "record":   # in order, many at a time
-                        rows.append(self._record_row(*item[1:]))
-                        continue
-                    self._insert(rows)
-                    getattr(self, "_" + item[0])(*item[1:])
-                self._insert(rows)
-                for run_id in touched:
-                    self._write_totals(run_id)
-            for item in items:   # their rows are gone: their figures too
-                if item[0] in ("end", "discard"):
-                    self._totals.pop(item[1], None)
+            if opening or any(item[0] == "flush" and item[1] for item in items):
+                self._fold_pending()
+            self._transaction(items)
             return "ok"
         except sqlite3.OperationalError as exc:
             if "locked" in str(exc) or "busy" in str(exc):
@@ -275,6 +330,65 @@ class Writer:
             self._fail(exc)
         self.dropped += sum(item[0] == "record" for item in items)
         return "broken"
+
+    def _transaction(self, items: List[tuple]) -> None:
+        with self._conn:   # one transaction: committed here, rolled back on an error
+            touched, rows = set(), []
+            for item in items:
+                if item[0] in ("begin", "record", "update", "end"):
+                    touched.add(item[1])
+                if item[0] == "record":   # in order, many at a time
+                    rows.append(self._record_row(*item[1:]))
+                    continue
+                self._insert(rows)
+                getattr(self, "_" + item[0])(*item[1:])
+            self._insert(rows)
+            for run_id in touched:
+                self._write_totals(run_id)
+        for item in items:   # their rows are gone: their figures too
+            if item[0] in ("end", "discard"):
+                self._totals.pop(item[1], None)
+
+    # -- the pending files: runs that ended within their first second -------------------------
+    def _write_pending(self, items: List[tuple]) -> str:
+        """Each run of `items` (whole runs) to its own file in the pending folder, the
+        begin's row as the store would hold it (this process's host, pid and machine)."""
+        runs: Dict[str, list] = {}
+        for item in items:
+            if item[0] in ("begin", "end"):   # without the Event waiting for it
+                item = self._prepared(item)[:-1] + (None,)
+            if item[0] != "flush":
+                runs.setdefault(item[1], []).append(item)
+        folder = pending_dir(self.path)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            for run_id, run_items in runs.items():   # whole or not at all: written, then named
+                temp = folder / f".{run_id}.tmp"   # as durable as the store's commits: no fsync
+                temp.write_text(_json(run_items))
+                os.replace(temp, folder / f"{run_id}.json")
+        except OSError as exc:
+            self._fail(exc)
+            self.dropped += sum(item[0] == "record" for item in items)
+            return "broken"
+        return "ok"
+
+    def _fold_pending(self) -> None:
+        """Write the pending files in (this process's and any other's), a transaction each,
+        then remove them. Two processes may fold the same file: its items write the same
+        rows again (INSERT OR REPLACE, the same updates), so nothing doubles."""
+        folder = pending_dir(self.path)
+        for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
+            try:
+                items = [tuple(item) for item in json.loads(path.read_text())]
+            except FileNotFoundError:   # folded by another process meanwhile
+                continue
+            except (OSError, ValueError):   # not one of ours to read: set aside, not lost
+                with contextlib.suppress(OSError):
+                    path.rename(path.with_suffix(".unreadable"))
+                continue
+            self._transaction(items)
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
 
     def _open(self, items: List[tuple]) -> bool:
         """Connect, on the first write and after a failure (when a new run begins)."""
@@ -327,11 +441,18 @@ class Writer:
             self._conn = None
 
     # -- what each item does, inside the transaction -----------------------------------------
-    def _begin(self, run_id: str, row: dict, history: list, done=None) -> None:
+    @staticmethod
+    def _begin_row(row: dict) -> dict:
+        """The runs table's row of a run's begin (a pending file's is made already)."""
+        if "schema" in row:
+            return row
         host, pid, pid_started = this_process()
-        row = dict(row, config=_json(row["config"].to_dict()), resolved=_json(row["resolved"]),
-                   machine=_json(machine()), schema=SCHEMA_VERSION,   # the JSON made here
-                   host=host, pid=pid, pid_started=pid_started)
+        return dict(row, config=_json(row["config"].to_dict()), resolved=_json(row["resolved"]),
+                    machine=_json(machine()), schema=SCHEMA_VERSION,   # the JSON made here
+                    host=host, pid=pid, pid_started=pid_started)
+
+    def _begin(self, run_id: str, row: dict, history: list, done=None) -> None:
+        row = self._begin_row(row)
         self._conn.execute(f"INSERT OR REPLACE INTO runs ({', '.join(row)}) "
                            f"VALUES ({', '.join('?' * len(row))})", list(row.values()))
         self._totals[run_id] = {"records": 0, "samples": 0, "busy_s": 0.0,
@@ -400,7 +521,7 @@ class Writer:
             self._conn.execute("DELETE FROM records WHERE run_id = ?", (run_id,))
             self._conn.execute("DELETE FROM runs WHERE id = ?", (run_id,))
 
-    def _flush(self, done) -> None:
+    def _flush(self, into_store: bool, done) -> None:
         pass
 
 
