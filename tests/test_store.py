@@ -22,6 +22,7 @@ import torch
 from torch.nn import functional as F
 
 import nbtrain as nt
+from nbtrain.runstore import pending
 from nbtrain.runstore import write as store
 from conftest import mlp, quick
 
@@ -139,11 +140,11 @@ def test_a_run_that_ends_within_its_first_second_never_loads_sqlite_and_is_liste
     assert done.returncode == 0, done.stderr
     run_id, steps, records, sqlite_loaded = json.loads(done.stdout.splitlines()[-1])
     assert (steps, sqlite_loaded) == (20, False)
-    pending = store.pending_dir(db)
-    assert [p.name for p in pending.iterdir()] == [f"{run_id}.json"] and not db.exists()
+    folder = pending.folder_of(db)
+    assert [p.name for p in folder.iterdir()] == [f"{run_id}.json"] and not db.exists()
     (row,) = nt.runs(store=db)
     assert (row["id"], row["state"], row["steps"], row["records"]) == (run_id, "finished", 20, records)
-    assert list(pending.iterdir()) == []
+    assert list(folder.iterdir()) == []
     loaded = nt.load_run(run_id, store=db)
     assert loaded.step == 20 and len(loaded.history) == records
     assert row["pid"] != os.getpid()   # the process that ran it, not the one that folded it
@@ -163,12 +164,12 @@ def test_a_pending_file_folded_twice_writes_each_row_once(blobs, db):
             opt.zero_grad()
             F.cross_entropy(model(xb), yb).backward()
             opt.step()
-    (path,) = store.pending_dir(db).iterdir()
+    (path,) = pending.folder_of(db).iterdir()
     again = path.read_bytes()
     (row,) = nt.runs(store=db)
     once = stored_records()
     path.write_bytes(again)
-    assert nt.runs(store=db).ids == [run.id] and list(store.pending_dir(db).iterdir()) == []
+    assert nt.runs(store=db).ids == [run.id] and list(pending.folder_of(db).iterdir()) == []
     assert stored_records() == once == len(run.history)   # every record once
     assert dict(nt.runs(store=db)[0]) == dict(row)
     same_run(nt.load_run(run.id, store=db), run)

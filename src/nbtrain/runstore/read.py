@@ -16,7 +16,8 @@ from typing import Iterable, List, Optional, Union
 
 from ..config import FACTORY_FIELDS, SETTINGS, TrainConfig
 from ..run import Run
-from .write import WRITERS, BUSY_TIMEOUT_S, SAME, has_pending, path_of, this_process, writer_for
+from .pending import has_pending
+from .write import WRITERS, BUSY_TIMEOUT_S, SAME, path_of, this_process, writer_for
 
 COLUMNS = ("id", "name", "kind", "started", "state", "steps", "samples/s", "last loss",
            "device", "amp")

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Union
 
 from ..run import Run
+from . import pending
 
 if TYPE_CHECKING:
     import sqlite3
@@ -60,7 +61,6 @@ IDLE_EXIT_S = 10.0        # an idle writer thread ends; the next run starts anot
 BEGIN_WAIT_S = 2.0        # a run that ends before its row is written waits this long for it
 SCHEMA_VERSION = 1
 URGENT = ("begin", "end", "flush", "discard")   # written at once, not within the second
-PENDING = ".pending"   # the folder beside the store: runs that ended within their first second
 SAME = 0   # a record's "diagnosis" stored as this: the same as the record before (~170 bytes)
 
 SCHEMA = """
@@ -94,31 +94,6 @@ def path_of(store: Union[bool, str, os.PathLike, None] = True) -> Optional[Path]
         return home() / FILE_NAME
     path = Path(store).expanduser()
     return path / FILE_NAME if path.is_dir() else path
-
-
-def pending_dir(path: Path) -> Path:
-    """The folder of the runs not folded into the store `path` yet (one JSON file each)."""
-    return path.with_name(path.name + PENDING)
-
-
-def has_pending(path: Path) -> bool:
-    folder = pending_dir(path)
-    return folder.is_dir() and any(folder.glob("*.json"))
-
-
-def _opens_as_a_store(path: Path) -> bool:
-    """Whether `path` can be opened and written as a store, as far as the file alone tells
-    without SQLite: absent (made at the first write) or a writable SQLite file. A short
-    run goes to a pending file only then; otherwise to the store, whose opening says what
-    is wrong at once, in the run."""
-    if not path.exists():
-        return os.access(path.parent if path.parent.exists() else path.parent.parent, os.W_OK)
-    try:
-        with open(path, "rb") as f:
-            header = f.read(16)
-    except OSError:
-        return False
-    return header in (b"SQLite format 3\x00", b"") and os.access(path, os.W_OK)
 
 
 def new_id() -> str:
@@ -215,7 +190,7 @@ class Writer:
         `into_store`: into the store file itself, every pending file folded in (a reader's
         flush), not a run's own pending file."""
         if self._thread is None or not self._thread.is_alive():
-            if not self._queue and not (into_store and has_pending(self.path)):
+            if not self._queue and not (into_store and pending.has_pending(self.path)):
                 return True
         done = threading.Event()
         self.submit(("flush", into_store, done), urgent=True)
@@ -230,21 +205,21 @@ class Writer:
 
     # -- the writer thread -------------------------------------------------------------------
     def _main(self) -> None:
-        pending: List[tuple] = []
+        queued: List[tuple] = []
         last_commit, idle_since, locked_since = 0.0, time.monotonic(), None
         while True:
             self._wake.wait(POLL_S)
             self._wake.clear()
-            if not pending:
+            if not queued:
                 held_since = time.monotonic()
             while self._queue:   # a begin's row made at once, beside the loop's first steps
-                pending.append(self._prepared(self._queue.popleft()))
+                queued.append(self._prepared(self._queue.popleft()))
             now = time.monotonic()
-            if pending:
+            if queued:
                 idle_since = now
-                if self._urgent(pending) or now - max(last_commit, held_since) >= COMMIT_EVERY_S:
+                if self._urgent(queued) or now - max(last_commit, held_since) >= COMMIT_EVERY_S:
                     cpu = time.thread_time()
-                    outcome = self._write(pending)
+                    outcome = self._write(queued)
                     self.busy_s += time.thread_time() - cpu
                     if outcome == "locked" and (locked_since is None
                                                 or now - locked_since < LOCKED_GIVE_UP_S):
@@ -252,13 +227,13 @@ class Writer:
                         time.sleep(COMMIT_EVERY_S)   # another writer holds it: try again soon
                         continue
                     if outcome == "locked":
-                        self.dropped += sum(item[0] == "record" for item in pending)
+                        self.dropped += sum(item[0] == "record" for item in queued)
                         self._broken(f"it stayed locked by another process for more than "
                                      f"{LOCKED_GIVE_UP_S:.0f} s", "close the other program "
                                      "that writes it, or choose another file")
                     locked_since = None
-                    self._release(pending)
-                    pending = []
+                    self._release(queued)
+                    queued = []
                     last_commit = time.monotonic()
             elif now - idle_since > IDLE_EXIT_S:
                 with self._lock:   # a submit now starts a new thread, after this one ends
@@ -281,26 +256,10 @@ class Writer:
     def _urgent(self, items: List[tuple]) -> bool:
         """Whether `items` are written at once. A run's begin waits for its first second
         where the file is not open yet: a run that ends within it goes to its own pending
-        file (_whole_runs), and the file's opening is not paid beside its first steps."""
-        if self._conn is None and self._whole_runs(items, begun_only=True):
+        file (pending.py), and the file's opening is not paid beside its first steps."""
+        if self._conn is None and pending.whole_runs(items, begun_only=True):
             return any(item[0] in ("end", "flush", "discard") for item in items)
         return any(item[0] in URGENT for item in items)
-
-    def _whole_runs(self, items: List[tuple], begun_only: bool = False) -> bool:
-        """Whether `items` hold whole runs only, each begun and (unless `begun_only`)
-        ended there, and no flush into the store: what a pending file may take."""
-        begun, ended = set(), set()
-        for item in items:
-            if item[0] == "begin":
-                begun.add(item[1])
-            elif item[0] == "end":
-                ended.add(item[1])
-            elif item[0] == "flush":
-                if item[1]:
-                    return False
-            elif item[0] not in ("record", "update") or item[1] not in begun:
-                return False
-        return begun_only or begun == ended
 
     def _release(self, items: List[tuple]) -> None:
         """Tell those waiting for `items` that they are written (or dropped)."""
@@ -310,7 +269,8 @@ class Writer:
 
     def _write(self, items: List[tuple]) -> str:
         """One transaction for `items`: "ok", "locked" (try again) or "broken"."""
-        if self._conn is None and self._whole_runs(items) and _opens_as_a_store(self.path):
+        if self._conn is None and pending.whole_runs(items) \
+                and pending.opens_as_a_store(self.path):
             return self._write_pending(items)
         import sqlite3   # the writer thread's alone: a run's start does not load it
         opening = self._conn is None
@@ -349,23 +309,18 @@ class Writer:
             if item[0] in ("end", "discard"):
                 self._totals.pop(item[1], None)
 
-    # -- the pending files: runs that ended within their first second -------------------------
+    # -- the pending files (pending.py): runs that ended within their first second ------------
     def _write_pending(self, items: List[tuple]) -> str:
-        """Each run of `items` (whole runs) to its own file in the pending folder, the
-        begin's row as the store would hold it (this process's host, pid and machine)."""
+        """Each run of `items` (whole runs) to its own pending file, without the Events
+        waiting for them."""
         runs: Dict[str, list] = {}
         for item in items:
-            if item[0] in ("begin", "end"):   # without the Event waiting for it
+            if item[0] in ("begin", "end"):
                 item = self._prepared(item)[:-1] + (None,)
             if item[0] != "flush":
                 runs.setdefault(item[1], []).append(item)
-        folder = pending_dir(self.path)
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            for run_id, run_items in runs.items():   # whole or not at all: written, then named
-                temp = folder / f".{run_id}.tmp"   # as durable as the store's commits: no fsync
-                temp.write_text(_json(run_items))
-                os.replace(temp, folder / f"{run_id}.json")
+            pending.write(self.path, {run_id: _json(run) for run_id, run in runs.items()})
         except OSError as exc:
             self._fail(exc)
             self.dropped += sum(item[0] == "record" for item in items)
@@ -373,22 +328,12 @@ class Writer:
         return "ok"
 
     def _fold_pending(self) -> None:
-        """Write the pending files in (this process's and any other's), a transaction each,
-        then remove them. Two processes may fold the same file: its items write the same
-        rows again (INSERT OR REPLACE, the same updates), so nothing doubles."""
-        folder = pending_dir(self.path)
-        for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
-            try:
-                items = [tuple(item) for item in json.loads(path.read_text())]
-            except FileNotFoundError:   # folded by another process meanwhile
-                continue
-            except (OSError, ValueError):   # not one of ours to read: set aside, not lost
-                with contextlib.suppress(OSError):
-                    path.rename(path.with_suffix(".unreadable"))
-                continue
+        """Write the pending files in (this process's and any other's), a transaction each.
+        A file folded twice writes the same rows again (INSERT OR REPLACE, the same
+        updates): nothing doubles."""
+        for file, items in pending.waiting(self.path):
             self._transaction(items)
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+            pending.done(file)
 
     def _open(self, items: List[tuple]) -> bool:
         """Connect, on the first write and after a failure (when a new run begins)."""
