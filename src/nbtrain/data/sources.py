@@ -18,6 +18,7 @@ from .errors import CorruptRecordError
 from .nested import map_leaves
 from .prefetch import CudaPrefetcher, mark_waits
 
+
 def make_batches(data, cfg: TrainConfig, device: torch.device, resolved: ResolvedSettings,
                  what: str = "train_data"):
     """The batch source for `data`, recording each data-path choice in `resolved`;

@@ -245,20 +245,26 @@ class Writer:
                     self._start()
                 return
 
-    def _prepared(self, item: tuple) -> tuple:
-        """A begin with the row the store holds (its JSON, this process, the machine), so
-        that a short run's end waits only for its file to be written."""
+    @staticmethod
+    def _prepared(item: tuple) -> tuple:
+        """A begin with the runs table's row made (its JSON, this process, the machine),
+        as every item leaves the queue: the one place a row is made, so that a short run's
+        end waits only for its file, and a pending file holds the row as it was made."""
         if item[0] != "begin":
             return item
         run_id, row, history, done = item[1:]
-        return "begin", run_id, self._begin_row(row), history, done
+        host, pid, pid_started = this_process()
+        row = dict(row, config=_json(row["config"].to_dict()), resolved=_json(row["resolved"]),
+                   machine=_json(machine()), schema=SCHEMA_VERSION,   # the JSON made here
+                   host=host, pid=pid, pid_started=pid_started)
+        return "begin", run_id, row, history, done
 
     def _urgent(self, items: List[tuple]) -> bool:
         """Whether `items` are written at once. A run's begin waits for its first second
         where the file is not open yet: a run that ends within it goes to its own pending
         file (pending.py), and the file's opening is not paid beside its first steps."""
         if self._conn is None and pending.whole_runs(items, begun_only=True):
-            return any(item[0] in ("end", "flush", "discard") for item in items)
+            return any(item[0] in ("end", "flush") for item in items)
         return any(item[0] in URGENT for item in items)
 
     def _release(self, items: List[tuple]) -> None:
@@ -316,7 +322,7 @@ class Writer:
         runs: Dict[str, list] = {}
         for item in items:
             if item[0] in ("begin", "end"):
-                item = self._prepared(item)[:-1] + (None,)
+                item = item[:-1] + (None,)
             if item[0] != "flush":
                 runs.setdefault(item[1], []).append(item)
         try:
@@ -386,18 +392,8 @@ class Writer:
             self._conn = None
 
     # -- what each item does, inside the transaction -----------------------------------------
-    @staticmethod
-    def _begin_row(row: dict) -> dict:
-        """The runs table's row of a run's begin (a pending file's is made already)."""
-        if "schema" in row:
-            return row
-        host, pid, pid_started = this_process()
-        return dict(row, config=_json(row["config"].to_dict()), resolved=_json(row["resolved"]),
-                    machine=_json(machine()), schema=SCHEMA_VERSION,   # the JSON made here
-                    host=host, pid=pid, pid_started=pid_started)
-
     def _begin(self, run_id: str, row: dict, history: list, done=None) -> None:
-        row = self._begin_row(row)
+        """`row` as _prepared made it (here or in the pending file's process)."""
         self._conn.execute(f"INSERT OR REPLACE INTO runs ({', '.join(row)}) "
                            f"VALUES ({', '.join('?' * len(row))})", list(row.values()))
         self._totals[run_id] = {"records": 0, "samples": 0, "busy_s": 0.0,
