@@ -227,6 +227,38 @@ def test_a_watched_step_reads_no_file_while_the_peak_probe_waits(monkeypatch, tm
     assert peak is None and why.startswith("not measured: your loop ended")
 
 
+def test_a_watch_that_measures_nothing_never_writes_out_its_model(monkeypatch):
+    """The model's key for a known bf16 gain or FLOP count (its repr, ~1 ms on a small
+    ViT) is made where one is looked up, not at the model's first forward; a FLOP count
+    kept in the process for it is still found."""
+    from nbtrain.watcher import measure
+
+    class Counted(torch.nn.Linear):
+        written = 0
+
+        def __repr__(self):
+            Counted.written += 1
+            return super().__repr__()
+
+    def loop():
+        torch.manual_seed(0)
+        model = Counted(4, 1)
+        opt = torch.optim.SGD(model.parameters(), 0.1)
+        for x in torch.randn(5, 16, 4):
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+    monkeypatch.setattr(measure, "_COUNTED", {})
+    for count_flops in (False, True):   # True: nothing counted in this process yet
+        with nt.watch(optimize=False, progress=False, store=False, count_flops=count_flops):
+            loop()
+    assert Counted.written == 0
+    measure._COUNTED["other model"] = (1, 0.0)
+    with nt.watch(optimize=False, progress=False, store=False) as run:
+        loop()
+    assert Counted.written == 1 and run.step == 5
+
+
 def test_the_peak_probe_still_runs_once_it_is_affordable(monkeypatch, tmp_path):
     """The steps that wait for the probe's budget do not look, yet it runs at the first
     step's end that may afford it (a probe of 0.1 ms here: within a short loop)."""

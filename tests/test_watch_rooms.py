@@ -166,7 +166,7 @@ def test_fit_and_the_watch_climb_one_amp_ladder(monkeypatch, requested, has_bf16
         except nt.ConfigError as error:
             return f"ConfigError: {error}"
     fit = answer(lambda: ladder.resolve_amp(requested, gpu))
-    watch = answer(lambda: watch_amp(requested, gpu, "", ("key",), False))
+    watch = answer(lambda: watch_amp(requested, gpu, "", lambda: ("key",), False))
     assert fit == watch
     if requested == "bf16" and not has_bf16:
         assert fit == ("bf16" if emulates else
@@ -185,8 +185,8 @@ def test_auto_keeps_fp32_where_a_name_bound_before_the_watch_holds_torchs_clip(m
     monkeypatch.setattr(ladder, "gpu_has_bf16", lambda device: False)
     gpu = torch.device("cuda", 0)
     monkeypatch.setitem(globals(), "held_clip", torch.nn.utils.clip_grad_norm_)
-    amp, why = watch_amp("auto", gpu, "", ("key",), False)
+    amp, why = watch_amp("auto", gpu, "", lambda: ("key",), False)
     assert amp == "off" and "`held_clip`" in why and "torch.nn.utils.clip_grad_norm_(" in why
-    assert watch_amp("fp16", gpu, "", ("key",), False)[0] == "fp16"
+    assert watch_amp("fp16", gpu, "", lambda: ("key",), False)[0] == "fp16"
     monkeypatch.delitem(globals(), "held_clip")
-    assert "held_clip" not in watch_amp("auto", gpu, "", ("key",), False)[1]
+    assert "held_clip" not in watch_amp("auto", gpu, "", lambda: ("key",), False)[1]

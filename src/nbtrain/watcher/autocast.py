@@ -6,6 +6,8 @@ the loop's own steps (measure.py) where no gain is known for the same bf16 key; 
 that runs its own autocast keeps it."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..auto import budget
@@ -32,7 +34,7 @@ class Autocast:
     def __init__(self, edge):
         self.edge = edge
         self.amp = "off"                # what the model's forward runs in now (read-only outside)
-        self.key = None                 # the bf16 key of the model found (auto.precision.bf16_key)
+        self.key = None                 # the model found's bf16 key, made when first called
         self._to_channels_last = False  # channels_last=True: convert at the next forward
         self._channels_last = False     # the model is in NHWC now
         self._autocast = []             # the autocast contexts entered in the model's forward
@@ -43,7 +45,10 @@ class Autocast:
         (fp32 until then)."""
         edge = self.edge
         device, plan = edge.device, edge.plan
-        self.key = bf16_key(model, device, model_inputs(args))
+        inputs = model_inputs(args)
+        # made where a gain or a count is looked up: its repr(model) takes ~1 ms on a small
+        # ViT, which a watch that measures nothing never needs
+        self.key = functools.cache(lambda: bf16_key(model, device, inputs))
         own = _own_autocast(device)   # whatever the Plan: the diagnosis then advises no amp
         amp, why = watch_amp(edge.run.config.amp, device, plan.why_not("amp"), self.key, own)
         self.settle("off" if amp == TRIAL else amp, why)
@@ -127,7 +132,7 @@ def watch_amp(requested: str, device: torch.device, why_not: str, key, own_autoc
     """The watch's amp, (value, why): the loop's own autocast kept (`own_autocast`: its
     dtype, or None; a Plan's refusal said beside it), the Plan's refusal, or the one
     ladder's answer (resolve_amp: the same ConfigError as nt.fit's for the same request on
-    the same device); (TRIAL, why) where "auto" took bf16 and no gain is known for `key`,
+    the same device); (TRIAL, why) where "auto" took bf16 and no gain is known for `key()`,
     so that bf16 is measured on the loop's own steps."""
     if own_autocast:   # "off" is what the watch adds, not what the forward runs in
         dtype = str(own_autocast).replace("torch.", "")
@@ -147,7 +152,7 @@ def watch_amp(requested: str, device: torch.device, why_not: str, key, own_autoc
     if requested != "auto" or amp != "bf16":
         return amp, why
     units = bf16_units(device)
-    gain, source = known_bf16_gain(key)
+    gain, source = known_bf16_gain(key())
     if gain is None:
         return TRIAL, (f"{units}: bf16 is measured on your loop's own steps, a pair of blocks "
                        f"at a time, each once it costs at most {budget.words()} of the time run "

@@ -62,7 +62,7 @@ class Measure:
         self.count = None          # "due": the next step is counted; a FlopCount while it runs
         self._trial = None         # Bf16Trial, until decided
         self._trial_key = None     # what its blocks and gain are kept under
-        self._count_key = None
+        self._count_key = None     # () -> what a FLOP count is kept under in _COUNTED
         self._peak_due = False
         self._peak_cost_s = None   # what its probe costs (0: known), looked up once a watch
         self._quiet_until = 0.0    # only the peak left, not affordable before this time
@@ -71,7 +71,7 @@ class Measure:
 
     def plan(self, model, key, bf16_trial: bool) -> None:
         """At the model's first forward: what is to be measured on it; `key`, what a
-        bf16 gain and a FLOP count depend on (auto.precision.bf16_key)."""
+        bf16 gain and a FLOP count depend on (auto.precision.bf16_key), made when called."""
         resolved = self.edge.run.resolved
         self._quiet_until = 0.0
         if bf16_trial:
@@ -85,8 +85,8 @@ class Measure:
             resolved["flops_per_step"] = (None, "not counted: a torch.compile'd model "
                                           "(a counting mode would run it uncompiled)")
             return
-        self._count_key = (key, str(self.edge.device))
-        counted = _COUNTED.get(self._count_key)
+        self._count_key = lambda: (key(), str(self.edge.device))
+        counted = _COUNTED.get(self._count_key()) if _COUNTED else None
         if counted is not None:
             self._set_flops(*counted, "counted before in this process for this model")
         self._peak_due = True
@@ -94,7 +94,7 @@ class Measure:
 
     def _plan_trial(self, key) -> None:
         """The bf16 trial, going on from the blocks the model's earlier runs kept."""
-        self._trial_key = key
+        self._trial_key = key = key()
         kept = bf16_blocks(key)
         # the load before the loop's own steps add to it, or the kept blocks' first one's
         self._trial = Bf16Trial(load=kept["load"] if kept else load_now(), kept=kept)
@@ -267,7 +267,7 @@ class Measure:
                       f"{self.edge.run.step + 1} as it ran, x {per_step} backward() a step")
 
     def _counted(self, total: int, share: float, how: str) -> None:
-        _COUNTED[self._count_key] = (total, share)
+        _COUNTED[self._count_key()] = (total, share)
         self._set_flops(total, share, how)
 
     def _set_flops(self, total: int, share: float, how: str) -> None:
