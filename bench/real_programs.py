@@ -9,7 +9,10 @@ watched only and with the watch's defaults; and the instructions the watch adds 
 
 Each program runs as its author would run it (tests/corpus/harness.py, run_program): as
 written; inside `nt.watch(optimize=False)` (watched only); inside `nt.watch()` (the
-defaults). The programs are the harness's CORPUS as this script finds it.
+defaults). The programs are the harness's CORPUS as this script finds it. Without the
+tests' checks (run_program's checked=False): no trace function keeping main()'s locals,
+which every Python call of the program and of the watch would pay, and no global
+optimizer hook counting the steps as written.
 
 Times. Every run is a new interpreter (`--inside NAME WAY`, this file re-invoked), so a
 program pays its first use as a user's fresh `python train.py` does. Before the clock:
@@ -117,7 +120,7 @@ def inside(name: str, way: str, marks_path: str = "") -> None:
 
     tempfile.mkdtemp = kept_mkdtemp
     with contextlib.redirect_stdout(io.StringIO()):
-        result = harness.run_program(harness.BY_NAME[name], way)
+        result = harness.run_program(harness.BY_NAME[name], way, checked=False)
     print(f"{MARK} {imported + result.seconds!r}", flush=True)
     shutil.rmtree(made[0], ignore_errors=True)   # after the clock; the first is the harness's
 

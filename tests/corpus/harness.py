@@ -463,10 +463,13 @@ def import_frameworks(programs) -> None:
                 importlib.import_module(module)
 
 
-def run_program(program: Program, way: str, inside: Optional[Callable[[dict], dict]] = None
-                ) -> Result:
+def run_program(program: Program, way: str, inside: Optional[Callable[[dict], dict]] = None,
+                checked: bool = True) -> Result:
     """Run `program` one way in a directory of its own; `inside(namespace)` runs before
-    the watch ends (the program's objects still watched) and its dict is kept."""
+    the watch ends (the program's objects still watched) and its dict is kept. `checked`:
+    what the tests check is gathered (main()'s locals, kept by a trace function; the steps
+    as written, counted by a global optimizer hook); a benchmark passes False to time the
+    program as its user runs it, where every Python call would otherwise pay the trace."""
     workdir = Path(tempfile.mkdtemp(prefix=f"corpus-{program.name}-"))
     if program.prepare is not None:
         program.prepare(workdir)
@@ -474,17 +477,17 @@ def run_program(program: Program, way: str, inside: Optional[Callable[[dict], di
     saved_argv, saved_cwd = sys.argv, os.getcwd()
     import_frameworks([program])   # its framework's import-time patches are not the watch's
     result = Result(program, way, {}, 0.0, torch_before=torch_surface())
-    counter = None if way != "as written" else count_step_calls(result)
+    counter = count_step_calls(result) if checked and way == "as written" else None
     try:
         sys.argv = argv
         os.chdir(workdir)
         seed_all()
         start = time.perf_counter()
         if WAYS[way] is None:
-            result.namespace = execute(program)
+            result.namespace = execute(program, checked)
         else:
             with nt.watch(**WAYS[way]) as run:
-                result.namespace = execute(program)
+                result.namespace = execute(program, checked)
                 result.inside = inside(result.namespace) if inside else {}
             result.run = run
         result.seconds = time.perf_counter() - start
@@ -498,12 +501,15 @@ def run_program(program: Program, way: str, inside: Optional[Callable[[dict], di
     return result
 
 
-def execute(program: Program) -> dict:
+def execute(program: Program, keep_locals: bool = True) -> dict:
     """The program's namespace at its end: a script's globals, or main()'s locals (with
-    its module's globals under them)."""
+    its module's globals under them; only its globals where not `keep_locals`)."""
     if program.entry == "script":
         return runpy.run_path(str(program.path), run_name="__main__")
     module = fresh_module(program)
+    if not keep_locals:
+        module.main()
+        return vars(module)
     return {**vars(module), **call_keeping_locals(module.main, getattr(module, program.frame))}
 
 
