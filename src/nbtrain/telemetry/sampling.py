@@ -9,9 +9,8 @@ import time
 
 import torch
 
-_statm = {"pid": None, "fd": None}
+_kept = {"pid": None}   # /proc/self's files kept open, by name (a forked child opens its own)
 _nvml_handles: dict = {}   # CUDA device index -> NVML handle, or None where NVML is absent
-
 
 
 @functools.lru_cache(maxsize=1)
@@ -20,7 +19,25 @@ def _process():
     return psutil.Process()
 
 
+def _proc_self(name: str) -> bytes:
+    """/proc/self/`name`, one pread of the file kept open (psutil opens and parses the
+    file each call, many times the cost); OSError where there is no /proc."""
+    if _kept["pid"] != os.getpid():   # first call, or a forked child: its own files
+        _kept.clear()
+        _kept["pid"] = os.getpid()
+    if name not in _kept:
+        _kept[name] = os.open(f"/proc/self/{name}", os.O_RDONLY)
+    return os.pread(_kept[name], 4096, 0)
+
+
 def peak_rss_mb() -> float:
+    """The process's peak resident memory, MiB: Linux's VmHWM from /proc/self/status
+    (getrusage's `resource` module is a shared library to load, ~0.5 ms of a short
+    watch), else ru_maxrss."""
+    try:
+        return int(_proc_self("status").split(b"VmHWM:")[1].split()[0]) / 2**10   # kB
+    except (OSError, IndexError, ValueError):   # no /proc (macOS, Windows)
+        pass
     try:
         import resource
     except ImportError:   # Windows
@@ -33,13 +50,9 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def rss_bytes() -> int:
-    """Resident memory of this process. On Linux one pread of a kept-open /proc/self/statm
-    (psutil opens and parses the file each call, many times the cost)."""
+    """Resident memory of this process: on Linux from /proc/self/statm."""
     try:
-        if _statm["pid"] != os.getpid():   # first call, or a forked child: its own file
-            _statm["fd"] = os.open("/proc/self/statm", os.O_RDONLY)
-            _statm["pid"] = os.getpid()
-        return int(os.pread(_statm["fd"], 128, 0).split()[1]) * _PAGE
+        return int(_proc_self("statm").split()[1]) * _PAGE
     except OSError:   # no /proc (macOS, Windows)
         return _process().memory_info().rss
 
