@@ -40,8 +40,8 @@ def test_a_watch_loads_neither_the_fit_loop_nor_the_tools_nor_what_measuring_nee
     shares, none of what only fit, the tools or a notebook need, nor what only measuring
     (the FLOP counter, statistics), N processes or the store's writer thread need; nor
     what only some settings use: fit's data path and the packed formats, the trackers of
-    report_to, fp16's loss scaling, the progress bar; nor getrusage's shared library
-    where /proc tells the peak memory."""
+    report_to, fp16's loss scaling, the progress bar, the copies ahead to a GPU; nor
+    getrusage's shared library where /proc tells the peak memory."""
     not_needed = ["nbtrain.train.loop", "nbtrain.train.prepare", "nbtrain.train.failure",
                   "nbtrain.auto.workers", "nbtrain.tools.autotune", "nbtrain.tools.compare",
                   "nbtrain.runstore.read", "nbtrain.views.dashboard", "nbtrain.ui.magic",
@@ -50,7 +50,8 @@ def test_a_watch_loads_neither_the_fit_loop_nor_the_tools_nor_what_measuring_nee
                   "nbtrain.watcher.data_parallel",
                   "sqlite3", "secrets",
                   "nbtrain.data.sources", "nbtrain.data.lmdb", "nbtrain.data.tfrecord",
-                  "nbtrain.runstore.trackers", "nbtrain.watcher.fp16", "nbtrain.views.progress"]
+                  "nbtrain.runstore.trackers", "nbtrain.watcher.fp16", "nbtrain.views.progress",
+                  "nbtrain.data.moves", "nbtrain.data.prefetch"]
     if os.path.exists("/proc/self/status"):
         not_needed.append("resource")
     # updates by hand: a torch.optim optimizer would load statistics itself (torch._dynamo)

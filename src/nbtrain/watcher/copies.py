@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch
 from torch.compiler import is_compiling
 
-from ..data.moves import AheadCopies, MoveLog, plain, resolve_copies
 from .settings import AS_WRITTEN
 
 
@@ -45,6 +44,8 @@ class Copies:
         the next one. At the next: resolve pin_memory and prefetch_to_device on what it
         copied, and from the batch after it copy those tensors ahead. Returns the batches
         to go on with."""
+        # loaded here, on a GPU's first batches: a watch on the CPU never needs them
+        from ..data.moves import AheadCopies, MoveLog, plain, resolve_copies
         if self._moves is None:
             self._moves = MoveLog(batch)
             return batches
