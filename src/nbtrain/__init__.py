@@ -80,9 +80,9 @@ def _collector_paused():
     ~5,000 objects that all live on (classes, functions, their dicts), so a collection
     while they load frees nothing, yet each 700 of them is one young collection of the
     program's, and every ~100 of those a full one (~70 ms over torch's ~170k objects on a
-    2-core host), which a short program as written may never reach. Paused, they cost it
-    one young collection, not seven and a middle one: its full collections come where its
-    own objects bring them (docs/guide/measured.md)."""
+    2-core host), which a short program as written may never reach. Paused, and then
+    moved to the oldest generation, they cost it no collection: its full collections come
+    where its own objects bring them (docs/guide/measured.md)."""
     collecting, loaded = gc.isenabled(), len(sys.modules)
     gc.disable()
     try:
