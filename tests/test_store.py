@@ -65,6 +65,21 @@ def test_the_suite_stores_under_its_own_home_never_in_the_users():
     assert store.path_of(False) is None
 
 
+def test_a_relative_store_is_the_working_folder_of_the_runs_start(blobs, tmp_path, monkeypatch):
+    """store="runs.sqlite" names the file in the folder the run started in, though the
+    writer thread writes it later, after the program changed folder."""
+    x, y = blobs
+    (tmp_path / "started").mkdir()
+    (tmp_path / "later").mkdir()
+    monkeypatch.chdir(tmp_path / "started")
+    run = nt.fit(mlp(), (x, y), F.cross_entropy, config=quick(max_steps=3, store="runs.sqlite"),
+                 progress=False)
+    monkeypatch.chdir(tmp_path / "later")
+    store.flush_all()
+    assert [r["id"] for r in nt.runs(store=tmp_path / "started" / "runs.sqlite")] == [run.id]
+    assert list((tmp_path / "later").iterdir()) == []
+
+
 def test_a_fit_is_stored_by_default_in_nbtrain_home(blobs):
     x, y = blobs
     run = nt.fit(mlp(), (x, y), F.cross_entropy, config=quick(max_steps=10), progress=False)

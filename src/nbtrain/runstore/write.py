@@ -86,13 +86,14 @@ def home() -> Path:
 
 
 def path_of(store: Union[bool, str, os.PathLike, None] = True) -> Optional[Path]:
-    """The file a `TrainConfig.store` value names (None: not stored). A folder gets
-    runs.sqlite inside."""
+    """The file a `TrainConfig.store` value names (None: not stored), absolute: a relative
+    name is the working folder's now, not the one the writer thread finds when it writes
+    (a cell that changed folder since). A folder gets runs.sqlite inside."""
     if store is False or store is None:
         return None
     if store is True:
-        return home() / FILE_NAME
-    path = Path(store).expanduser()
+        return home().absolute() / FILE_NAME
+    path = Path(store).expanduser().absolute()
     return path / FILE_NAME if path.is_dir() else path
 
 
