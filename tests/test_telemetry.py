@@ -1,6 +1,7 @@
 """Time split, diagnosis, memory fields and hygiene, bounded history, exports."""
 import gc
 import json
+import os
 import time
 import warnings
 import weakref
@@ -181,6 +182,39 @@ def test_nvml_fields_absent_without_a_gpu(monkeypatch):
         assert sampling.nvml_fields(torch.device("cpu")) == {}
         fields = sampling.nvml_fields(torch.device("cuda"))   # no driver here: just empty
     assert fields == {} or "nvml_used_mb" in fields
+
+
+@pytest.mark.skipif(not (hasattr(os, "fork") and os.path.exists("/proc/self/statm")),
+                    reason="reads /proc/self of a forked child (Linux)")
+def test_a_forked_child_reads_its_own_memory_and_closes_its_parents_files():
+    """The kept /proc/self files are the parent's in a forked child (they would read the
+    parent's memory): the child closes its copies and opens its own."""
+    sampling.rss_bytes()   # the parent's statm, kept open
+    parents = sampling._kept["statm"]
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:   # the child: report what it reads, and exit without pytest's cleanup
+        try:
+            sampling.rss_bytes()
+            closed = not _is_open(parents) or sampling._kept["statm"] == parents
+            opened = os.readlink(f"/proc/self/fd/{sampling._kept['statm']}")
+            os.write(write, f"{closed} {opened}".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    closed, opened = os.read(read, 4096).decode().split()
+    os.close(read)
+    os.waitpid(child, 0)
+    assert closed == "True" and opened == f"/proc/{child}/statm"
+    assert _is_open(parents) and sampling._kept["pid"] == os.getpid()   # the parent's kept
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
 
 
 class SlowRows(torch.utils.data.Dataset):

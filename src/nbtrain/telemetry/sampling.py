@@ -1,6 +1,7 @@
 """Memory readings for a record: the process's RSS, the CUDA allocator, NVML."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -23,11 +24,21 @@ def _proc_self(name: str) -> bytes:
     """/proc/self/`name`, one pread of the file kept open (psutil opens and parses the
     file each call, many times the cost); OSError where there is no /proc."""
     if _kept["pid"] != os.getpid():   # first call, or a forked child: its own files
-        _kept.clear()
-        _kept["pid"] = os.getpid()
+        _forget_the_parents()
     if name not in _kept:
         _kept[name] = os.open(f"/proc/self/{name}", os.O_RDONLY)
     return os.pread(_kept[name], 4096, 0)
+
+
+def _forget_the_parents() -> None:
+    """A forked child's copies of its parent's /proc/self files (they read the parent's)
+    closed, and this process's to be opened."""
+    inherited = [fd for name, fd in _kept.items() if name != "pid"]
+    _kept.clear()
+    _kept["pid"] = os.getpid()
+    for fd in inherited:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def peak_rss_mb() -> float:
