@@ -85,7 +85,8 @@ class Measure:
             resolved["flops_per_step"] = (None, "not counted: a torch.compile'd model "
                                           "(a counting mode would run it uncompiled)")
             return
-        self._count_key = lambda: (key(), str(self.edge.device))
+        device = str(self.edge.device)   # the model's device at its first forward, as the key's
+        self._count_key = lambda: (key(), device)
         counted = _COUNTED.get(self._count_key()) if _COUNTED else None
         if counted is not None:
             self._set_flops(*counted, "counted before in this process for this model")
