@@ -239,8 +239,9 @@ def test_the_watch_leaves_autograd_as_it_found_it():
 
 def test_the_flop_count_imports_no_compiler_into_a_program_that_had_none():
     """A hand-update loop imports no torch._dynamo as written; its FLOP count under the
-    watch must not import it either (seconds inside a short program). 6,000 steps: the
-    count starts once it and its loading (torch's FLOP formulas) cost 5% of the run."""
+    watch must not import it either (seconds inside a short program). The loop runs until
+    the count is made: it starts once it and the loadings (nbtrain's, torch's FLOP
+    formulas) cost 5% of the run, which is later on a slower machine (CI missed 6,000)."""
     import subprocess
     import sys
     program = (
@@ -249,10 +250,11 @@ def test_the_flop_count_imports_no_compiler_into_a_program_that_had_none():
         "model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 1))\n"
         "x, y = torch.randn(64, 6), torch.randn(64, 1)\n"
         "with nt.watch(optimize=False, progress=False) as run:\n"
-        "    for _ in range(6000):\n"
+        "    for step in range(100_000):\n"
         "        model.zero_grad(); nn.functional.mse_loss(model(x), y).backward()\n"
         "        with torch.no_grad():\n"
         "            for p in model.parameters(): p.sub_(0.01 * p.grad)\n"
+        "        if step % 500 == 0 and 'flops_per_step' in run.resolved: break\n"
         "print(run.resolved['flops_per_step'][0], 'torch._dynamo' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
                          timeout=300, check=True).stdout.split()
