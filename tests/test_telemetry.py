@@ -206,7 +206,7 @@ def test_a_forked_child_reads_its_own_memory_and_closes_its_parents_files():
     os.close(read)
     os.waitpid(child, 0)
     assert closed == "True" and opened == f"/proc/{child}/statm"
-    assert _is_open(parents) and sampling._kept["pid"] == os.getpid()   # the parent's kept
+    assert _is_open(parents) and sampling._kept_by == os.getpid()   # the parent's kept
 
 
 def _is_open(fd: int) -> bool:

@@ -10,7 +10,8 @@ import time
 
 import torch
 
-_kept = {"pid": None}   # /proc/self's files kept open, by name (a forked child opens its own)
+_kept: dict = {}   # /proc/self's files kept open, by name: fds of the process `_kept_by`
+_kept_by = None   # the pid that opened them (a forked child opens its own)
 _nvml_handles: dict = {}   # CUDA device index -> NVML handle, or None where NVML is absent
 
 
@@ -23,7 +24,7 @@ def _process():
 def _proc_self(name: str) -> bytes:
     """/proc/self/`name`, one pread of the file kept open (psutil opens and parses the
     file each call, many times the cost); OSError where there is no /proc."""
-    if _kept["pid"] != os.getpid():   # first call, or a forked child: its own files
+    if _kept_by != os.getpid():   # first call, or a forked child: its own files
         _forget_the_parents()
     if name not in _kept:
         _kept[name] = os.open(f"/proc/self/{name}", os.O_RDONLY)
@@ -33,9 +34,10 @@ def _proc_self(name: str) -> bytes:
 def _forget_the_parents() -> None:
     """A forked child's copies of its parent's /proc/self files (they read the parent's)
     closed, and this process's to be opened."""
-    inherited = [fd for name, fd in _kept.items() if name != "pid"]
+    global _kept_by
+    inherited = list(_kept.values())
     _kept.clear()
-    _kept["pid"] = os.getpid()
+    _kept_by = os.getpid()
     for fd in inherited:
         with contextlib.suppress(OSError):
             os.close(fd)
