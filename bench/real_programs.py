@@ -51,7 +51,12 @@ Threads the watch starts are counted (valgrind runs one thread at a time); torch
 (PYTHONHASHSEED=0). Not counted: DataLoader worker processes (cifar10_tutorial,
 hopenet; the same work either way) and programs exec'd (inductor's compiler). Under
 valgrind torch runs its AVX2 kernels; the watch's share is Python and is the same.
-Printed: the ratio, the instructions added of those as written, and the import's share.
+Printed: the ratio, the instructions added of those as written, and the import's share;
+then the garbage collections' instructions in the span as written -> watched (the inclusive
+count of CPython's gc_collect_main, by callgrind_annotate) and the ratio of the rest. A
+full collection of a torch program's heap costs ~100 ms, and a watch moves where the
+collector's schedule puts one (before the clock, on it, or after it): the rest is the
+watch's own cost, untouched by that.
 Valgrind runs programs 20-100x slower: minutes per program (quickstart: ~10 minutes
 for its two runs on 2 busy cores).
 """
@@ -78,6 +83,7 @@ HERE = Path(__file__).resolve()
 CORPUS = HERE.parents[1] / "tests" / "corpus"
 MARK = "real_programs seconds:"   # the line a run prints last, whatever the program printed
 WRITTEN, WATCHED, DEFAULTS = "as written", "watched", "defaults"   # harness.WAYS's names
+COLLECTOR = "collections"   # the garbage collector's share of a span's instructions
 BEFORE = "watched, before"   # WATCHED by another checkout's nbtrain (--before)
 
 MARKS_C = r"""
@@ -219,7 +225,22 @@ def instructions(name: str, way: str, marks: str, folder: str) -> dict:
         span = re.search(r"^desc: Trigger: Client Request: (run|import nbtrain)$", text, re.M)
         if span:
             found[span.group(1)] = int(re.search(r"^summary: (\d+)$", text, re.M).group(1))
+            found[COLLECTOR] = found.get(COLLECTOR, 0) + collectors_instructions(path)
     return found
+
+
+def collectors_instructions(path: str) -> int:
+    """The instructions of Python's garbage collections in one callgrind dump (0 where
+    callgrind_annotate or the interpreter's symbols are missing): a full collection of a
+    torch program's heap is ~100 ms, and where it falls (on the clock or after) moves a
+    count by more than the watch costs."""
+    try:
+        annotated = subprocess.run(["callgrind_annotate", "--inclusive=yes", path],
+                                   capture_output=True, text=True, timeout=600).stdout
+    except OSError:
+        return 0
+    found = re.search(r"^\s*([\d,]+) .*:gc_collect_main ", annotated, re.M)
+    return int(found.group(1).replace(",", "")) if found else 0
 
 
 # -- the table ------------------------------------------------------------------------------------
@@ -244,9 +265,15 @@ def instructions_cell(name: str, marks: str, folder: str) -> str:
         written, watched = (instructions(name, way, marks, folder) for way in (WRITTEN, WATCHED))
     except Exception as error:   # shown in its cell, the row's times kept
         return f"failed: {type(error).__name__}: {error}"
+    collected = [counts.pop(COLLECTOR, 0) for counts in (written, watched)]
     base, total = sum(written.values()), sum(watched.values())
-    return (f"{total / base:.3f}x ({millions(total - base, '+')} of {millions(base)}; "
+    cell = (f"{total / base:.3f}x ({millions(total - base, '+')} of {millions(base)}; "
             f"import {millions(watched.get('import nbtrain', 0))})")
+    if not any(collected):   # none on the clock, or not counted
+        return cell
+    outside = (total - collected[1]) / (base - collected[0])
+    return (f"{cell}; collections {millions(collected[0])} -> {millions(collected[1])}, "
+            f"the rest {outside:.3f}x")
 
 
 def millions(count: int, sign: str = "") -> str:
