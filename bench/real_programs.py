@@ -57,6 +57,9 @@ count of CPython's gc_collect_main, by callgrind_annotate) and the ratio of the 
 full collection of a torch program's heap costs ~100 ms, and a watch moves where the
 collector's schedule puts one (before the clock, on it, or after it): the rest is the
 watch's own cost, untouched by that.
+`--no-measuring` sets the watch's measuring budget (nbtrain.auto.budget.SHARE) to
+nothing in the counted processes: under valgrind a run is so much longer that the watch
+would measure (a FLOP count, a trial) where at full speed it measures nothing.
 Valgrind runs programs 20-100x slower: minutes per program (quickstart: ~10 minutes
 for its two runs on 2 busy cores).
 """
@@ -94,9 +97,10 @@ void dump(const char *name) { CALLGRIND_DUMP_STATS_AT(name); CALLGRIND_STOP_INST
 
 
 # -- inside: one program, one way, in this fresh process ---------------------------------------
-def inside(name: str, way: str, marks_path: str = "") -> None:
+def inside(name: str, way: str, marks_path: str = "", measuring: bool = True) -> None:
     """Run program `name` one `way` and print its seconds on the clock (see the module's
-    docstring); under callgrind, `marks_path` counts that same span."""
+    docstring); under callgrind, `marks_path` counts that same span. Without `measuring`,
+    the watch's measuring budget is nothing (see --no-measuring)."""
     import torch   # noqa: F401  (before the clock, as everywhere)
 
     sys.path[:0] = [str(CORPUS), str(CORPUS / "programs")]   # as tests/corpus/conftest.py
@@ -115,6 +119,8 @@ def inside(name: str, way: str, marks_path: str = "") -> None:
             marks.start()
         start = time.perf_counter()
         harness.nt = importlib.import_module("nbtrain")
+        if not measuring:
+            importlib.import_module("nbtrain.auto.budget").SHARE = 1e-9
         imported = time.perf_counter() - start
         if marks:
             marks.dump(b"import nbtrain")
@@ -205,14 +211,16 @@ def build_marks(folder: str) -> str:
     return marks if built.returncode == 0 else ""   # no valgrind/callgrind.h: no counts
 
 
-def instructions(name: str, way: str, marks: str, folder: str) -> dict:
-    """{'import nbtrain': n, 'run': n}: the instructions of the timed span of one fresh
-    process under callgrind (no import where the way has none)."""
+def instructions(name: str, way: str, marks: str, folder: str, measuring: bool) -> dict:
+    """{'import nbtrain': n, 'run': n, COLLECTOR: n}: the instructions of the timed span
+    of one fresh process under callgrind (no import where the way has none), and of the
+    garbage collections within it."""
     out = os.path.join(folder, f"{name}.{way.replace(' ', '_')}")
     env = {**as_a_users_python(), "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
     command = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
                f"--callgrind-out-file={out}.%p", sys.executable, str(HERE),
-               "--inside", name, way, "--marks", marks]
+               "--inside", name, way, "--marks", marks,
+               *([] if measuring else ["--no-measuring"])]
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           env=env) as process:   # valgrind runs the program in its own pid
         stdout, stderr = process.communicate(timeout=7200)
@@ -231,9 +239,7 @@ def instructions(name: str, way: str, marks: str, folder: str) -> dict:
 
 def collectors_instructions(path: str) -> int:
     """The instructions of Python's garbage collections in one callgrind dump (0 where
-    callgrind_annotate or the interpreter's symbols are missing): a full collection of a
-    torch program's heap is ~100 ms, and where it falls (on the clock or after) moves a
-    count by more than the watch costs."""
+    callgrind_annotate or the interpreter's symbols are missing)."""
     try:
         annotated = subprocess.run(["callgrind_annotate", "--inclusive=yes", path],
                                    capture_output=True, text=True, timeout=600).stdout
@@ -256,13 +262,14 @@ def ratio_cell(times: dict, way: str, base: str = WRITTEN) -> str:
     return f"{median:.3f}x ({low:.2f}-{high:.2f}), {added * 1e3:+.0f} ms"
 
 
-def instructions_cell(name: str, marks: str, folder: str) -> str:
+def instructions_cell(name: str, marks: str, folder: str, measuring: bool) -> str:
     if not marks:
         return "-"
     try:
         for way in (WRITTEN, WATCHED):   # the disk caches warm, as for the times (--rounds 0)
             one_run(name, way)
-        written, watched = (instructions(name, way, marks, folder) for way in (WRITTEN, WATCHED))
+        written, watched = (instructions(name, way, marks, folder, measuring)
+                            for way in (WRITTEN, WATCHED))
     except Exception as error:   # shown in its cell, the row's times kept
         return f"failed: {type(error).__name__}: {error}"
     collected = [counts.pop(COLLECTOR, 0) for counts in (written, watched)]
@@ -288,11 +295,13 @@ def main(argv=None):
     parser.add_argument("--no-instructions", action="store_true", help="skip callgrind")
     parser.add_argument("--before", default="", metavar="DIR",
                         help="another checkout: its watched time too, in the same rounds")
+    parser.add_argument("--no-measuring", action="store_true",
+                        help="counted runs: the watch's measuring budget set to nothing")
     parser.add_argument("--inside", nargs=2, metavar=("NAME", "WAY"), help=argparse.SUPPRESS)
     parser.add_argument("--marks", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.inside:
-        return inside(*args.inside, args.marks)
+        return inside(*args.inside, args.marks, not args.no_measuring)
     if args.before:   # its path as the children's PYTHONPATH: absolute, and a checkout
         args.before = str(Path(args.before).resolve())
         if not Path(args.before, "src", "nbtrain").is_dir():
@@ -326,7 +335,8 @@ def main(argv=None):
                        if args.before else "")
             print(f"| {name} | {base} | {ratio_cell(times, WATCHED)} | "
                   f"{ratio_cell(times, DEFAULTS)} |{against} "
-                  f"{instructions_cell(name, marks, folder)} |", flush=True)
+                  f"{instructions_cell(name, marks, folder, not args.no_measuring)} |",
+                  flush=True)
         print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
 
 
